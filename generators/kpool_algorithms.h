@@ -1,0 +1,96 @@
+// The algorithms of the kpool kernels, as functions that build Halide Funcs
+// and return the stages a schedule may touch. No scheduling here: schedules/
+// places, tiles and vectorizes these stages per target.
+//
+// Every per-row stage is defined over (d, rows...) where `rows` are the
+// generator's row dimensions (one for fwht and compress, (token, request) for
+// decode), so the same stages serve every kernel.
+#pragma once
+
+#include <vector>
+
+#include "Halide.h"
+#include "kpool_numerics.h"
+
+namespace kpool {
+
+using Halide::Expr;
+using Halide::Func;
+using Halide::Var;
+
+// Argument lists (d, rows...) and (rows...).
+std::vector<Var> with_d(const Var &d, const std::vector<Var> &rows);
+
+// Hadamard-128 over d of x(d, rows...): seven butterfly stages, stride 1 to
+// 64 in that order, then the 1/sqrt(128) normalization, all in f32.
+struct Hadamard128 {
+    std::vector<Func> stages;  // stages[0] is the input, stages[k] after stride 2^(k-1)
+    Func output;
+};
+Hadamard128 hadamard128(Func x, const Var &d, const std::vector<Var> &rows);
+
+// Per-row fp8 quantization of x(d, rows...) (already rounded to bf16).
+struct Fp8Row {
+    Func absmax;  // (rows...)
+    Func scale;   // (rows...) f32
+    Func codes;   // (d, rows...) e4m3 bits
+};
+Fp8Row quantize_fp8_row(Func x, const Var &d, const std::vector<Var> &rows, Expr round_scale);
+
+// bf16 row -> Hadamard-128 -> bf16 -> fp8: fwht128_quant_fp8 per row.
+struct RotateQuant {
+    Func input;  // f32 of the bf16 input row
+    Hadamard128 rotation;
+    Func rotated;  // rounded to bf16
+    Fp8Row quant;
+};
+RotateQuant rotate_quantize(Func x_f32, const Var &d, const std::vector<Var> &rows,
+                            Expr round_scale);
+
+// Softmax pooling of P slots, per dim d:
+//   s_j = score_j + ape_j, m = max_j s_j, p_j = exp(s_j - m),
+//   pooled = (sum_j k_j p_j) / (sum_j p_j), sums in slot order from 0.
+// key(d, j, rows...) and score(d, j, rows...) are f32; ape(d, j) f32.
+struct SoftmaxPool {
+    Func logit;         // s_j (d, j, rows...)
+    Func max_logit;     // m   (d, rows...)
+    Func weight;        // p_j (d, j, rows...)
+    Func weighted_sum;  // Tuple(sum k_j p_j, sum p_j) (d, rows...)
+    Func pooled;        // (d, rows...)
+};
+SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
+                         const Var &j, const std::vector<Var> &rows);
+
+// The compress path: softmax pool -> bf16 -> Hadamard-128 -> bf16 -> fp8.
+struct CompressPool {
+    SoftmaxPool pool;
+    Func pooled_bf16;
+    RotateQuant rotate;
+};
+CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
+                           const Var &j, const std::vector<Var> &rows, Expr round_scale);
+
+// Cache addressing (SPEC "Memory layouts"). The K cache is seen by the
+// kernels as bytes (byte_in_page, page); a pool's row is 33 little-endian
+// 4-byte words: words 0..31 hold its 128 codes at token*128 in the page,
+// word 32 its f32 scale at page_size*128 + token*4.
+constexpr int kCacheRowWords = kCacheRowBytes / 4;
+struct CacheSlot {
+    Expr page;   // int32
+    Expr token;  // int32, slot inside the page
+};
+// loc >= 0 is a flat slot; the clamps only bound the compiler's view,
+// the runtime has already checked loc against the cache.
+CacheSlot cache_slot(Expr loc, Expr page_size, Expr num_pages);
+Expr cache_word_offset(const CacheSlot &slot, Expr page_size, Expr word);
+// Byte `byte` (0..3) of word `word` of the cache row of quantized row `row`.
+Expr cache_row_byte(const Fp8Row &quant, const std::vector<Expr> &row, Expr word, Expr byte);
+
+// Tail ring addressing: tslot = block * ring + position in ring.
+struct TailSlot {
+    Expr block;
+    Expr ring_pos;
+};
+TailSlot tail_slot(Expr tslot, Expr ring, Expr num_blocks);
+
+}  // namespace kpool

@@ -1,0 +1,109 @@
+// kpool_compress_and_write_cache: softmax-pool P tokens per pool, rotate,
+// quantize; one generator writes the rows into the paged K cache at `loc`,
+// the other returns them (return_compressed). The runtime calls one or both.
+#include "kpool_schedules.h"
+
+namespace kpool {
+
+using namespace Halide;
+
+namespace {
+
+// Key and score as f32 over (d, j, pool): bf16 bits widen exactly, f32 scores
+// pass through.
+Func as_f32(Func bits, const Type &type, const std::string &name, Var d, Var j, Var pool) {
+    Func f{name};
+    if (type == Float(32)) {
+        f(d, j, pool) = bits(d, j, pool);
+    } else {
+        f(d, j, pool) = bf16_to_f32(bits(d, j, pool));
+    }
+    return f;
+}
+
+}  // namespace
+
+template <typename T>
+class CompressBase : public Generator<T> {
+public:
+    GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
+    GeneratorParam<std::string> gpu{"gpu", ""};
+
+    // slot_score's type (uint16 = bf16 bits, or float32) is chosen per variant.
+    GeneratorInput<Buffer<uint16_t, 3>> slot_k{"slot_k"};  // (d, j, pool) bf16 bits
+    GeneratorInput<Buffer<void, 3>> slot_score{"slot_score"};
+    GeneratorInput<Buffer<float, 2>> ape{"ape"};  // (d, j)
+    GeneratorInput<bool> round_scale{"round_scale"};
+
+protected:
+    CompressPool define_compress(Var d, Var j, Var pool) {
+        Func key = as_f32(slot_k, UInt(16), "key_f32", d, j, pool);
+        Func score = as_f32(slot_score, slot_score.type(), "score_f32", d, j, pool);
+        slot_k.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
+        slot_score.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
+        ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
+        return compress_pool(key, score, ape, pool_size, d, j, {pool}, round_scale);
+    }
+};
+
+class CompressToCache : public CompressBase<CompressToCache> {
+public:
+    Input<Buffer<int64_t, 1>> loc{"loc"};              // (pool)
+    Input<Buffer<uint8_t, 1>> write_mask{"write_mask"};  // (pool); stride 0 when absent
+    Output<Buffer<uint8_t, 2>> cache{"cache"};         // (byte_in_page, page), in place
+
+    void generate() {
+        CompressToCacheStages &s = stages;
+        s.compress = define_compress(s.d, s.j, s.pool);
+
+        Expr page_size = cache.dim(0).extent() / kCacheRowBytes;
+        Expr num_pools = slot_k.dim(2).extent();
+        // Only the targeted rows change: the rest of the cache is left as is.
+        Var byte_in_page{"byte_in_page"}, page{"page"};
+        cache(byte_in_page, page) = undef<uint8_t>();
+        s.write = RDom(0, 4, 0, kCacheRowWords, 0, num_pools, "write");
+        Expr byte = s.write.x, word = s.write.y, pool = s.write.z;
+        s.write.where(write_mask(pool) != 0 && loc(pool) >= 0);
+        CacheSlot slot = cache_slot(loc(pool), page_size, cache.dim(1).extent());
+        cache(cache_word_offset(slot, page_size, word) + byte, slot.page) =
+            cache_row_byte(s.compress.rotate.quant, {pool}, word, byte);
+    }
+
+    void schedule() {
+        stages.cache = cache;
+        schedule_compress_to_cache(stages, {get_target(), gpu});
+    }
+
+private:
+    CompressToCacheStages stages{Var{"d"}, Var{"j"}, Var{"pool"}};
+};
+
+class CompressToRows : public CompressBase<CompressToRows> {
+public:
+    Output<Buffer<uint8_t, 2>> compressed_k{"compressed_k"};        // (d, pool)
+    Output<Buffer<float, 1>> compressed_scale{"compressed_scale"};  // (pool)
+
+    void generate() {
+        CompressToRowsStages &s = stages;
+        s.compress = define_compress(s.d, s.j, s.pool);
+        compressed_k(s.d, s.pool) = s.compress.rotate.quant.codes(s.d, s.pool);
+        compressed_scale(s.pool) = s.compress.rotate.quant.scale(s.pool);
+        compressed_k.dim(0).set_bounds(0, kHeadDim);
+        compressed_k.dim(1).set_min(0);
+        compressed_scale.dim(0).set_bounds(0, compressed_k.dim(1).extent());
+    }
+
+    void schedule() {
+        stages.codes = compressed_k;
+        stages.scale = compressed_scale;
+        schedule_compress_to_rows(stages, {get_target(), gpu});
+    }
+
+private:
+    CompressToRowsStages stages{Var{"d"}, Var{"j"}, Var{"pool"}};
+};
+
+}  // namespace kpool
+
+HALIDE_REGISTER_GENERATOR(kpool::CompressToCache, kpool_compress_to_cache)
+HALIDE_REGISTER_GENERATOR(kpool::CompressToRows, kpool_compress_to_rows)

@@ -1,0 +1,160 @@
+// kpool_decode_update_and_maybe_write_cache_batched, as two kernels the
+// runtime runs in order on one stream:
+//   kpool_decode_write_cache: every completing token's pool, compressed and
+//     written at slot_mapping. A pool member stashed earlier in the same call
+//     comes from that token's inputs, otherwise from the ring as it was
+//     before the call: the same bytes the reference's sequential loop reads.
+//   kpool_decode_stash_tail: every token stashed into its ring slot, in
+//     token order per request (the last stash of a slot wins).
+#include "kpool_schedules.h"
+
+namespace kpool {
+
+using namespace Halide;
+
+namespace {
+
+// The decode rule for one token (SPEC op 4).
+struct DecodeToken {
+    Expr position, tail_slot, stashes;
+};
+
+DecodeToken decode_token(Func positions, Func tail_slots, Expr t, Expr b) {
+    Expr pos = positions(t, b), ts = tail_slots(t, b);
+    return {pos, ts, pos >= 0 && ts >= 0};
+}
+
+}  // namespace
+
+class DecodeWriteCache : public Generator<DecodeWriteCache> {
+public:
+    GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
+    GeneratorParam<std::string> gpu{"gpu", ""};
+
+    Input<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block)
+    Input<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
+    Input<Buffer<uint16_t, 3>> key{"key"};                             // (d, token, request)
+    Input<Buffer<uint16_t, 3>> slot_score{"slot_score"};
+    Input<Buffer<float, 2>> ape{"ape"};  // (d, j)
+    Input<Buffer<int32_t, 2>> slot_mapping{"slot_mapping"};
+    Input<Buffer<int32_t, 2>> positions{"positions"};
+    Input<bool> round_scale{"round_scale"};
+    Output<Buffer<uint8_t, 2>> cache{"cache"};  // (byte_in_page, page), in place
+
+    void generate() {
+        DecodeWriteStages &s = stages;
+        const int P = pool_size;
+        Expr ring = tail.dim(1).extent();
+        Expr next_n = key.dim(1).extent();
+        Var t = s.token, b = s.request;
+
+        // Member j of the pool that token t completes sits at position
+        // pos - (P-1) + j, in ring slot position % RING of t's tail block.
+        DecodeToken tok = decode_token(positions, tail_slot_mapping, t, b);
+        Expr member_pos = tok.position - (P - 1) + s.j;
+        Expr block = cast<int64_t>(max(tok.tail_slot, 0)) / cast<int64_t>(ring);
+
+        // The latest earlier token of this request that stashed into the
+        // same ring slot of the same block, or -1: what the ring holds now.
+        RDom earlier(0, next_n, "earlier");
+        DecodeToken e = decode_token(positions, tail_slot_mapping, earlier, b);
+        Expr same_slot = e.stashes && cast<int64_t>(e.tail_slot) / cast<int64_t>(ring) == block &&
+                         e.position % ring == member_pos % ring;
+        s.ring_writer = Func{"ring_writer"};
+        s.ring_writer(s.j, t, b) = maximum(select(earlier < t && same_slot, earlier, -1));
+
+        TailSlot at = tail_slot(block * cast<int64_t>(ring) + member_pos % ring, ring,
+                                tail.dim(3).extent());
+        Expr writer = s.ring_writer(s.j, t, b);
+        Expr stashed = writer >= 0;
+        Expr from = clamp(writer, 0, next_n - 1);
+        Expr current = s.j == P - 1;
+        auto member = [&](Func input, int half) {
+            Expr own = select(current, input(s.d, t, b), input(s.d, from, b));
+            return bf16_to_f32(select(current || stashed, own, tail(s.d, at.ring_pos, half, at.block)));
+        };
+        Func member_key{"member_key"}, member_score{"member_score"};
+        member_key(s.d, s.j, t, b) = member(key, 0);
+        member_score(s.d, s.j, t, b) = member(slot_score, 1);
+        s.compress = compress_pool(member_key, member_score, ape, P, s.d, s.j, {t, b}, round_scale);
+
+        // A completion needs a tail block: with tail_slot < 0 the reference
+        // would read block 0 (another request's); we write nothing and the
+        // runtime reports it.
+        Var byte_in_page{"byte_in_page"}, page{"page"};
+        cache(byte_in_page, page) = undef<uint8_t>();
+        s.write = RDom(0, 4, 0, kCacheRowWords, 0, next_n, 0, key.dim(2).extent(), "write");
+        Expr byte = s.write.x, word = s.write.y, wt = s.write.z, wb = s.write[3];
+        DecodeToken w = decode_token(positions, tail_slot_mapping, wt, wb);
+        Expr loc = slot_mapping(wt, wb);
+        s.write.where(loc >= 0 && w.position >= 0 && w.position % P == P - 1 && w.tail_slot >= 0);
+        Expr page_size = cache.dim(0).extent() / kCacheRowBytes;
+        CacheSlot slot = cache_slot(loc, page_size, cache.dim(1).extent());
+        cache(cache_word_offset(slot, page_size, word) + byte, slot.page) =
+            cache_row_byte(s.compress.rotate.quant, {wt, wb}, word, byte);
+
+        tail.dim(0).set_bounds(0, kHeadDim);
+        tail.dim(1).set_stride(kHeadDim);
+        tail.dim(2).set_bounds(0, 2);
+        key.dim(0).set_bounds(0, kHeadDim);
+        slot_score.dim(0).set_bounds(0, kHeadDim);
+        ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, P);
+    }
+
+    void schedule() {
+        stages.cache = cache;
+        schedule_decode_write(stages, {get_target(), gpu});
+    }
+
+private:
+    DecodeWriteStages stages{Var{"d"}, Var{"j"}, Var{"token"}, Var{"request"}};
+};
+
+class DecodeStashTail : public Generator<DecodeStashTail> {
+public:
+    GeneratorParam<std::string> gpu{"gpu", ""};
+
+    Input<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
+    Input<Buffer<uint16_t, 3>> key{"key"};                             // (d, token, request)
+    Input<Buffer<uint16_t, 3>> slot_score{"slot_score"};
+    Input<Buffer<int32_t, 2>> positions{"positions"};
+    Output<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block), in place
+
+    void generate() {
+        Expr ring = tail.dim(1).extent();
+        Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
+        tail(d, ring_pos, half, block) = undef<uint16_t>();
+
+        RDom &r = stages.stash;
+        r = RDom(0, kHeadDim, 0, 2, 0, key.dim(1).extent(), 0, key.dim(2).extent(), "stash");
+        Expr t = r.z, b = r[3];
+        DecodeToken tok = decode_token(positions, tail_slot_mapping, t, b);
+        r.where(tok.stashes);
+        // The ring position comes from the token's position, the block from
+        // its tail slot, as in the reference.
+        TailSlot at = tail_slot(cast<int64_t>(tok.tail_slot) / cast<int64_t>(ring) * cast<int64_t>(ring) +
+                                    tok.position % ring,
+                                ring, tail.dim(3).extent());
+        tail(r.x, at.ring_pos, r.y, at.block) =
+            select(r.y == 0, key(r.x, t, b), slot_score(r.x, t, b));
+
+        key.dim(0).set_bounds(0, kHeadDim);
+        slot_score.dim(0).set_bounds(0, kHeadDim);
+        tail.dim(0).set_bounds(0, kHeadDim);
+        tail.dim(1).set_stride(kHeadDim);
+        tail.dim(2).set_bounds(0, 2);
+    }
+
+    void schedule() {
+        stages.tail = tail;
+        schedule_decode_stash(stages, {get_target(), gpu});
+    }
+
+private:
+    DecodeStashStages stages;
+};
+
+}  // namespace kpool
+
+HALIDE_REGISTER_GENERATOR(kpool::DecodeWriteCache, kpool_decode_write_cache)
+HALIDE_REGISTER_GENERATOR(kpool::DecodeStashTail, kpool_decode_stash_tail)

@@ -1,0 +1,130 @@
+// The pool-level top-k helpers: selected pool ids -> token ids (optionally
+// through a page table or plus per-row offsets), and the request's trailing
+// incomplete pool appended after them.
+#include "kpool_schedules.h"
+
+namespace kpool {
+
+using namespace Halide;
+
+namespace {
+
+// Where emitted token ids go (SPEC op 6).
+enum TokenMap { kIdentity = 0, kPageTable = 1, kOffsets = 2 };
+
+// A token id mapped through the page table (index clamped to its width, as
+// the reference's gather) or shifted by the row's offset.
+Expr map_token(Expr token, Expr row, Expr mode, Func page_table, Expr table_width, Func offsets) {
+    token = cast<int64_t>(token);
+    Expr gathered = page_table(cast<int32_t>(clamp(token, 0, cast<int64_t>(table_width) - 1)), row);
+    Expr shifted = cast<int32_t>(token + offsets(row));
+    return select(mode == kPageTable, gathered, mode == kOffsets, shifted, cast<int32_t>(token));
+}
+
+// Index inputs read with -1 past their first dimension, so an empty selection
+// (G == 0 or C == 0) needs no special case.
+Func minus_one_outside(const Func &f, Expr extent) {
+    return BoundaryConditions::constant_exterior(f, cast(f.type(), -1), {{0, extent}, {Expr(), Expr()}});
+}
+
+}  // namespace
+
+class ExpandPoolsAndAppendTail : public Generator<ExpandPoolsAndAppendTail> {
+public:
+    GeneratorParam<std::string> gpu{"gpu", ""};
+
+    Input<Buffer<void, 2>> pool_ids{"pool_ids"};      // (g, row) int32 or int64
+    Input<Buffer<int32_t, 1>> seq_lens{"seq_lens"};   // (row)
+    Input<int> pool_size{"pool_size"};
+    Input<bool> bound_pool_ids{"bound_pool_ids"};
+    Output<Buffer<int32_t, 2>> out{"out"};            // (col, row)
+
+    void generate() {
+        Var c = stages.col, row = stages.row;
+        Expr P = pool_size;
+        Expr topk = pool_ids.dim(0).extent() * P;
+        Func ids = minus_one_outside(pool_ids, pool_ids.dim(0).extent());
+        Expr seq_len = seq_lens(row);
+        Expr pool_len = seq_len / P;
+        Expr tail_start = pool_len * P;
+
+        Expr id = cast<int64_t>(ids(c / P, row));
+        Expr valid = id >= 0 && !(bound_pool_ids && id >= cast<int64_t>(pool_len));
+        Expr history = select(valid, cast<int32_t>(id * P + c % P), -1);
+        Expr tail_off = c - topk;
+        Expr tail = select(tail_off < seq_len - tail_start, tail_start + tail_off, -1);
+        out(c, row) = select(c < topk, history, tail);
+        stages.out = out;
+    }
+
+    void schedule() { schedule_expand(stages, {get_target(), gpu}); }
+
+private:
+    ExpandStages stages{Var{"col"}, Var{"row"}};
+};
+
+class ExpandPoolsToTokens : public Generator<ExpandPoolsToTokens> {
+public:
+    GeneratorParam<std::string> gpu{"gpu", ""};
+
+    Input<Buffer<void, 2>> group_ids{"group_ids"};         // (g, row) int32 or int64
+    Input<Buffer<uint8_t, 2>> group_valid{"group_valid"};  // (g, row)
+    Input<Buffer<int32_t, 2>> page_table{"page_table"};    // (col, row); stride 0 when absent
+    Input<Buffer<int64_t, 1>> topk_offsets{"topk_offsets"};  // (row); stride 0 when absent
+    Input<int> token_map{"token_map"};
+    Input<int> pool_size{"pool_size"};
+    Output<Buffer<int32_t, 2>> out{"out"};  // (col, row), topk columns
+
+    void generate() {
+        Var c = stages.col, row = stages.row;
+        Expr P = pool_size;
+        Expr g = c / P;
+        Expr token = cast<int64_t>(group_ids(g, row)) * P + c % P;
+        Expr mapped = map_token(token, row, token_map, page_table, page_table.dim(0).extent(), topk_offsets);
+        out(c, row) = select(group_valid(g, row) != 0, mapped, -1);
+        stages.out = out;
+    }
+
+    void schedule() { schedule_expand(stages, {get_target(), gpu}); }
+
+private:
+    ExpandStages stages{Var{"col"}, Var{"row"}};
+};
+
+class AppendTailToTopk : public Generator<AppendTailToTopk> {
+public:
+    GeneratorParam<std::string> gpu{"gpu", ""};
+
+    Input<Buffer<int32_t, 2>> topk_result{"topk_result"};  // (col, row)
+    Input<Buffer<int32_t, 1>> seq_lens{"seq_lens"};        // (row)
+    Input<Buffer<int32_t, 1>> pool_lens{"pool_lens"};      // (row)
+    Input<Buffer<int32_t, 2>> page_table{"page_table"};    // (col, row); stride 0 when absent
+    Input<Buffer<int64_t, 1>> topk_offsets{"topk_offsets"};  // (row); stride 0 when absent
+    Input<int> token_map{"token_map"};
+    Input<int> pool_size{"pool_size"};
+    Output<Buffer<int32_t, 2>> out{"out"};  // (col, row), C + P-1 columns
+
+    void generate() {
+        Var c = stages.col, row = stages.row;
+        Expr history_cols = topk_result.dim(0).extent();
+        Func history = minus_one_outside(topk_result, history_cols);
+        Expr tail_start = pool_lens(row) * pool_size;
+        Expr tail_off = c - history_cols;
+        Expr is_tail = tail_off >= 0 && tail_off < seq_lens(row) - tail_start;
+        Expr tail_token = cast<int64_t>(tail_start) + tail_off;
+        Expr tail = map_token(tail_token, row, token_map, page_table, page_table.dim(0).extent(), topk_offsets);
+        out(c, row) = select(is_tail, tail, c < history_cols, history(c, row), -1);
+        stages.out = out;
+    }
+
+    void schedule() { schedule_expand(stages, {get_target(), gpu}); }
+
+private:
+    ExpandStages stages{Var{"col"}, Var{"row"}};
+};
+
+}  // namespace kpool
+
+HALIDE_REGISTER_GENERATOR(kpool::ExpandPoolsAndAppendTail, kpool_expand_pools_and_append_tail)
+HALIDE_REGISTER_GENERATOR(kpool::ExpandPoolsToTokens, kpool_expand_pools_to_tokens)
+HALIDE_REGISTER_GENERATOR(kpool::AppendTailToTopk, kpool_append_tail_to_topk)

@@ -1,0 +1,44 @@
+// The bit-exact numerics every kpool kernel shares (SPEC.md, "Shared
+// numerics"). Rounding and encoding are done on integer bits, not with float
+// casts: GPU code is built with flush-to-zero and unsafe float math, and the
+// e4m3 subnormals and bf16 ties must come out the same on every target.
+#pragma once
+
+#include "Halide.h"
+
+namespace kpool {
+
+constexpr int kHeadDim = 128;
+// Bytes of one pool in a cache page: 128 e4m3 codes plus one f32 scale.
+constexpr int kCacheRowBytes = kHeadDim + 4;
+constexpr float kFp8Max = 448.0f;
+constexpr float kFp8MaxInv = float(1.0 / 448.0);
+constexpr float kAbsmaxFloor = 1e-4f;
+constexpr float kHadamardNorm = 0.08838834764831845f;  // 1/sqrt(128), exact in f32
+
+// bf16 bits (uint16) -> f32: exact.
+Halide::Expr bf16_to_f32(Halide::Expr bits);
+// f32 -> bf16 bits, round to nearest even; NaN stays NaN (quiet bit set).
+Halide::Expr f32_to_bf16(Halide::Expr x);
+// f32 -> nearest bf16, as f32 (the reference's `.to(bf16).to(f32)`).
+Halide::Expr round_to_bf16(Halide::Expr x);
+
+// Shift an unsigned value right by `shift` bits (1..31), rounding to nearest
+// even: the one rounding primitive behind the e4m3 encoder.
+Halide::Expr shift_right_rne(Halide::Expr value, Halide::Expr shift);
+
+// f32 -> float8_e4m3fn bits, round to nearest even, subnormals included.
+// Expects |x| <= 448 or NaN (callers clamp first, as the reference does).
+Halide::Expr e4m3_encode(Halide::Expr x);
+
+// ue8m0 scale of a row: 2^ceil(log2(m)) for m = max(absmax, 1e-4) / 448,
+// exact from the bits of m; without round_scale, m itself.
+Halide::Expr fp8_scale(Halide::Expr absmax, Halide::Expr round_scale);
+Halide::Expr ue8m0_scale(Halide::Expr m);
+
+// exp(x) for f32 x, correctly rounded: evaluated in f64 with a degree-13
+// Taylor polynomial on |r| <= ln2/2 (relative error < 1e-17) and rounded once
+// to f32. Platform expf and Halide's own exp are not correctly rounded.
+Halide::Expr exp_f32_correctly_rounded(Halide::Expr x);
+
+}  // namespace kpool

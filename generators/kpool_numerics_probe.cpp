@@ -1,0 +1,37 @@
+// Test-only kernel: the shared numerics applied elementwise to f32 inputs,
+// so the tests can check the Halide encoders exhaustively against the scalar
+// reference. It is built from the same kpool_numerics.cpp as every kernel.
+#include "kpool_schedules.h"
+
+namespace kpool {
+
+using namespace Halide;
+
+class NumericsProbe : public Generator<NumericsProbe> {
+public:
+    Input<Buffer<float, 1>> x{"x"};
+    Output<Buffer<uint8_t, 1>> e4m3{"e4m3"};         // e4m3_encode(x)
+    Output<Buffer<uint16_t, 1>> bf16{"bf16"};        // f32_to_bf16(x)
+    Output<Buffer<float, 1>> ue8m0{"ue8m0"};         // fp8_scale(x, round_scale = true)
+    Output<Buffer<float, 1>> linear{"linear"};       // fp8_scale(x, round_scale = false)
+    Output<Buffer<float, 1>> exp_f32{"exp_f32"};     // exp_f32_correctly_rounded(x)
+
+    void generate() {
+        Var i = stages.i;
+        e4m3(i) = e4m3_encode(x(i));
+        bf16(i) = f32_to_bf16(x(i));
+        ue8m0(i) = fp8_scale(x(i), Expr(true));
+        linear(i) = fp8_scale(x(i), Expr(false));
+        exp_f32(i) = exp_f32_correctly_rounded(x(i));
+        stages.outputs = {e4m3, bf16, ue8m0, linear, exp_f32};
+    }
+
+    void schedule() { schedule_numerics_probe(stages, {get_target(), ""}); }
+
+private:
+    NumericsProbeStages stages{Var{"i"}};
+};
+
+}  // namespace kpool
+
+HALIDE_REGISTER_GENERATOR(kpool::NumericsProbe, kpool_numerics_probe)

@@ -1,0 +1,57 @@
+// kpool_seed_tail_cache: copy each request's last P prefill tokens (raw K and
+// gate score) into its tail ring.
+#include "kpool_schedules.h"
+
+namespace kpool {
+
+using namespace Halide;
+
+class SeedTail : public Generator<SeedTail> {
+public:
+    GeneratorParam<std::string> gpu{"gpu", ""};
+
+    Input<Buffer<uint16_t, 2>> key{"key"};                // (d, token) bf16 bits
+    Input<Buffer<uint16_t, 2>> gate_score{"gate_score"};  // (d, token)
+    Input<Buffer<void, 1>> tslot{"tslot"};                // (token) int32 or int64
+    Input<int> pool_size{"pool_size"};
+    Output<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block), in place
+
+    void generate() {
+        Expr ring = tail.dim(1).extent();
+        Expr n = tslot.dim(0).extent();
+        Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
+        tail(d, ring_pos, half, block) = undef<uint16_t>();
+
+        // A token is in its request's tail iff the token P ahead is past the
+        // batch, padding (< 0), or in another tail block. Only non-negative
+        // slots are divided.
+        RDom &r = stages.copy;
+        r = RDom(0, kHeadDim, 0, 2, 0, n, "copy");
+        Expr i = r.z;
+        Expr slot = cast<int64_t>(tslot(i));
+        Expr ahead_index = min(i + pool_size, n - 1);
+        Expr ahead = select(i + pool_size < n, cast<int64_t>(tslot(ahead_index)), cast<int64_t>(-1));
+        Expr same_block = ahead >= 0 && ahead / cast<int64_t>(ring) == slot / cast<int64_t>(ring);
+        r.where(slot >= 0 && !same_block);
+        TailSlot at = tail_slot(slot, ring, tail.dim(3).extent());
+        tail(r.x, at.ring_pos, r.y, at.block) = select(r.y == 0, key(r.x, i), gate_score(r.x, i));
+
+        key.dim(0).set_bounds(0, kHeadDim);
+        gate_score.dim(0).set_bounds(0, kHeadDim);
+        tail.dim(0).set_bounds(0, kHeadDim);
+        tail.dim(1).set_stride(kHeadDim);
+        tail.dim(2).set_bounds(0, 2);
+    }
+
+    void schedule() {
+        stages.tail = tail;
+        schedule_seed_tail(stages, {get_target(), gpu});
+    }
+
+private:
+    SeedTailStages stages;
+};
+
+}  // namespace kpool
+
+HALIDE_REGISTER_GENERATOR(kpool::SeedTail, kpool_seed_tail)

@@ -1,0 +1,163 @@
+/* kpool — ahead-of-time Halide kernels for the key-pooling sparse-attention
+ * indexer. Plain C API; see kpool.hpp for the C++ wrapper and SPEC in docs/.
+ *
+ * Every entry point takes tensor descriptors that the caller owns (data
+ * pointer, dtype, shape, strides in elements, device), validates all of them
+ * before any byte is written, and returns a status code. When `status` is not
+ * NULL it receives the code and a message that names the offending argument
+ * and value, e.g. "loc[17] = 8192 is outside the cache (4096 slots)".
+ *
+ * Outputs are preallocated by the caller; nothing is allocated or copied.
+ */
+#ifndef KPOOL_KPOOL_H
+#define KPOOL_KPOOL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KPOOL_HEAD_DIM 128
+#define KPOOL_MAX_DIMS 4
+#define KPOOL_MESSAGE_SIZE 512
+
+typedef enum kpool_status_code {
+    KPOOL_OK = 0,
+    KPOOL_ERROR_INVALID_ARGUMENT = 1, /* shape, dtype, stride or parameter */
+    KPOOL_ERROR_OUT_OF_RANGE = 2,     /* an index input addresses outside its cache */
+    KPOOL_ERROR_UNSUPPORTED = 3,      /* valid, but no kernel variant was built for it */
+    KPOOL_ERROR_DEVICE = 4,           /* the device or its driver failed */
+    KPOOL_ERROR_INTERNAL = 5
+} kpool_status_code;
+
+typedef enum kpool_dtype {
+    KPOOL_DTYPE_UINT8 = 0,
+    KPOOL_DTYPE_BOOL = 1, /* one byte, 0 or 1 */
+    KPOOL_DTYPE_INT32 = 2,
+    KPOOL_DTYPE_INT64 = 3,
+    KPOOL_DTYPE_BFLOAT16 = 4,
+    KPOOL_DTYPE_FLOAT32 = 5,
+    KPOOL_DTYPE_FLOAT8_E4M3FN = 6
+} kpool_dtype;
+
+typedef enum kpool_device_type {
+    KPOOL_DEVICE_CPU = 0,
+    KPOOL_DEVICE_CUDA = 1
+} kpool_device_type;
+
+typedef struct kpool_tensor {
+    void *data;               /* host pointer, or CUDA device pointer */
+    kpool_dtype dtype;
+    int32_t ndim;
+    int64_t shape[KPOOL_MAX_DIMS];
+    int64_t strides[KPOOL_MAX_DIMS]; /* in elements, outermost first */
+    kpool_device_type device;
+    int32_t device_index;
+} kpool_tensor;
+
+typedef struct kpool_status {
+    kpool_status_code code;
+    /* decode only: pool completions that had slot_mapping >= 0 but no tail
+     * block (tail_slot < 0); they write nothing (the reference would read
+     * another request's tail block 0). */
+    int64_t skipped_completions;
+    char message[KPOOL_MESSAGE_SIZE];
+} kpool_status;
+
+/* Per-call execution options. `stream` is a CUstream / cudaStream_t for CUDA
+ * tensors (NULL = the legacy default stream) and ignored on the CPU. */
+typedef struct kpool_exec {
+    void *stream;
+} kpool_exec;
+
+/* Names of codes and dtypes, for messages. */
+const char *kpool_status_name(kpool_status_code code);
+const char *kpool_dtype_name(kpool_dtype dtype);
+/* "kpool 0.1.0 (cpu[, cuda])": what this build can run. */
+const char *kpool_version(void);
+
+/* Builds a row-major (C-contiguous) descriptor. */
+kpool_tensor kpool_tensor_contiguous(void *data, kpool_dtype dtype, int32_t ndim,
+                                     const int64_t *shape);
+
+/* 1. q: bf16 [rows, 128] -> q_fp8: e4m3 (or uint8) [rows, 128],
+ *    q_scale: f32 [rows, 1] or [rows]. */
+kpool_status_code kpool_fwht128_quant_fp8(const kpool_tensor *q, const kpool_tensor *q_fp8,
+                                          const kpool_tensor *q_scale, const kpool_exec *exec,
+                                          kpool_status *status);
+
+/* 2. Softmax-pool P tokens, rotate, quantize, and write one cache row per pool.
+ *    kv_cache: uint8 [num_blocks, block_size, 132] (planar pages, see SPEC);
+ *    may be NULL when write_cache == 0. slot_k: bf16 [n, P, 128];
+ *    slot_score: bf16 or f32 [n, P, 128]; ape: f32 [P, 128]; loc: int64 [n];
+ *    write_mask: bool/uint8 [n] or NULL. compressed_k (e4m3/uint8 [n, 128]) and
+ *    compressed_scale (f32 [n]) are both given for return_compressed, or both
+ *    NULL; write_mask together with them is rejected. */
+kpool_status_code kpool_compress_and_write_cache(
+    const kpool_tensor *kv_cache, const kpool_tensor *slot_k, const kpool_tensor *slot_score,
+    const kpool_tensor *ape, const kpool_tensor *loc, const kpool_tensor *write_mask,
+    const kpool_tensor *compressed_k, const kpool_tensor *compressed_scale, int32_t pool_size,
+    int32_t head_dim, int32_t round_scale, int32_t write_cache, const kpool_exec *exec,
+    kpool_status *status);
+
+/* 3. Copy each request's last P prefill tokens into its tail ring.
+ *    tail_kv_cache: bf16 [num_blocks, 2, RING, 128] with strides
+ *    (block, half, 128, 1); key, gate_score: bf16 [n, 128]; tslot: int32 or
+ *    int64 [n]. */
+kpool_status_code kpool_seed_tail_cache(const kpool_tensor *tail_kv_cache, const kpool_tensor *key,
+                                        const kpool_tensor *gate_score, const kpool_tensor *tslot,
+                                        int32_t pool_size, int32_t head_dim,
+                                        const kpool_exec *exec, kpool_status *status);
+
+/* 4. One decode step of B requests x N tokens, in token order per request.
+ *    tail_slot_mapping, slot_mapping, positions: int32 [B, N];
+ *    key, slot_score: bf16 [B, N, 128]; ape: f32 [P, 128]. */
+kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
+    const kpool_tensor *kv_cache, const kpool_tensor *tail_kv_cache,
+    const kpool_tensor *tail_slot_mapping, const kpool_tensor *key, const kpool_tensor *slot_score,
+    const kpool_tensor *ape, const kpool_tensor *slot_mapping, const kpool_tensor *positions,
+    int32_t pool_size, int32_t head_dim, int32_t round_scale, const kpool_exec *exec,
+    kpool_status *status);
+
+/* 5. pool_ids: int32/int64 [rows, G]; seq_lens: int32 [rows];
+ *    out: int32 [rows, G*P + P-1]. With bound_pool_ids != 0, ids >=
+ *    seq_len / P are treated as -1 (off in the reference). */
+kpool_status_code kpool_expand_pools_and_append_tail(const kpool_tensor *pool_ids,
+                                                     const kpool_tensor *seq_lens,
+                                                     const kpool_tensor *out, int32_t pool_size,
+                                                     int32_t bound_pool_ids,
+                                                     const kpool_exec *exec,
+                                                     kpool_status *status);
+
+/* 6. group_ids: int32/int64 [rows, topk/P]; group_valid: bool [rows, topk/P];
+ *    page_table: int32 [rows, W] or NULL; topk_offsets: int64 [rows] or
+ *    [rows, 1] or NULL (not both); out: int32 [rows, topk]. */
+kpool_status_code kpool_expand_pools_to_tokens(const kpool_tensor *group_ids,
+                                               const kpool_tensor *group_valid,
+                                               const kpool_tensor *page_table,
+                                               const kpool_tensor *topk_offsets,
+                                               const kpool_tensor *out, int32_t topk,
+                                               int32_t pool_size, const kpool_exec *exec,
+                                               kpool_status *status);
+
+/* 7. topk_result: int32 [rows, C]; seq_lens, pool_lens: int32 [rows];
+ *    page_table / topk_offsets as in 6; out: int32 [rows, C + P-1]
+ *    (with P == 1 out is a copy of topk_result). */
+kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result,
+                                            const kpool_tensor *seq_lens,
+                                            const kpool_tensor *pool_lens,
+                                            const kpool_tensor *page_table,
+                                            const kpool_tensor *topk_offsets,
+                                            const kpool_tensor *out, int32_t pool_size,
+                                            const kpool_exec *exec, kpool_status *status);
+
+/* topk / P, the number of pools to select; rejects topk % P != 0. */
+kpool_status_code kpool_history_group_budget_for_topk(int64_t topk, int32_t pool_size,
+                                                      int64_t *groups, kpool_status *status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KPOOL_KPOOL_H */

@@ -1,0 +1,41 @@
+// The kernel variants this build holds, looked up by kind, pool size and
+// element type (cmake/KpoolKernels.cmake writes the table).
+#pragma once
+
+#include <cstring>
+
+#include "HalideRuntime.h"
+#include "errors.h"
+
+namespace kpool::rt {
+
+enum class Kernel {
+    FWHT,
+    COMPRESS_TO_CACHE,
+    COMPRESS_TO_ROWS,
+    SEED_TAIL,
+    DECODE_WRITE_CACHE,
+    DECODE_STASH_TAIL,
+    EXPAND_POOLS_AND_APPEND_TAIL,
+    EXPAND_POOLS_TO_TOKENS,
+    APPEND_TAIL_TO_TOPK,
+};
+
+using AnyKernel = void (*)();
+// The variant's function, or NULL when none was built for (pool_size, type).
+AnyKernel find_kernel(Kernel kind, int pool_size, const char *type);
+
+template <typename Fn>
+Fn *kernel(Kernel kind, const char *op, int pool_size, const char *type) {
+    AnyKernel k = find_kernel(kind, pool_size, type);
+    if (k == nullptr) {
+        unsupported() << op << ": no kernel variant was built for pool_size = " << pool_size
+                      << ", type " << type << " (see KPOOL_POOL_SIZES)";
+    }
+    return reinterpret_cast<Fn *>(k);
+}
+
+// Turns a Halide error return into an error status.
+void check_halide(int result, const char *op);
+
+}  // namespace kpool::rt

@@ -1,0 +1,52 @@
+#include <cstring>
+#include <string>
+
+#include "dispatch.h"
+#include "kpool_variants.inc"
+
+namespace kpool::rt {
+
+namespace {
+
+struct Variant {
+    Kernel kind;
+    int pool_size;
+    const char *type;
+    AnyKernel function;
+};
+
+#define KPOOL_VARIANT_ENTRY(kind, pool_size, type, function) \
+    {Kernel::kind, pool_size, #type, reinterpret_cast<AnyKernel>(&function)},
+const Variant kVariants[] = {KPOOL_FOR_EACH_VARIANT(KPOOL_VARIANT_ENTRY)};
+#undef KPOOL_VARIANT_ENTRY
+
+}  // namespace
+
+AnyKernel find_kernel(Kernel kind, int pool_size, const char *type) {
+    for (const Variant &v : kVariants) {
+        if (v.kind == kind && v.pool_size == pool_size && std::strcmp(v.type, type) == 0) {
+            return v.function;
+        }
+    }
+    return nullptr;
+}
+
+namespace {
+// The last message the Halide runtime reported on this thread.
+thread_local std::string halide_message;
+}  // namespace
+
+void check_halide(int result, const char *op) {
+    if (result != 0) {
+        Failure(KPOOL_ERROR_INTERNAL) << op << ": the kernel failed with Halide error " << result << ": "
+                                      << halide_message;
+    }
+}
+
+}  // namespace kpool::rt
+
+// Halide's runtime reports errors here; keep the text for the status message
+// instead of printing it to stderr.
+extern "C" void halide_error(void *, const char *message) {
+    kpool::rt::halide_message = message;
+}

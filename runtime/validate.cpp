@@ -1,0 +1,178 @@
+#include "validate.h"
+
+#include <limits>
+
+namespace kpool::rt {
+
+int64_t TensorArg::numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        n *= t->shape[i];
+    }
+    return n;
+}
+
+namespace {
+
+std::string shape_string(const kpool_tensor *t) {
+    std::ostringstream s;
+    s << "[";
+    for (int i = 0; i < t->ndim; i++) {
+        s << (i ? ", " : "") << t->shape[i];
+    }
+    s << "]";
+    return s.str();
+}
+
+void require_common(const char *name, const kpool_tensor *t, std::initializer_list<kpool_dtype> dtypes) {
+    if (t == nullptr) {
+        invalid() << name << " is NULL";
+    }
+    bool dtype_ok = false;
+    for (kpool_dtype d : dtypes) {
+        dtype_ok = dtype_ok || t->dtype == d;
+    }
+    if (!dtype_ok) {
+        auto f = invalid();
+        f << name << " has dtype " << kpool_dtype_name(t->dtype) << ", expected ";
+        const char *sep = "";
+        for (kpool_dtype d : dtypes) {
+            f << sep << kpool_dtype_name(d);
+            sep = " or ";
+        }
+    }
+    if (t->device != KPOOL_DEVICE_CPU) {
+        unsupported() << name << " is on device " << (t->device == KPOOL_DEVICE_CUDA ? "cuda" : "unknown")
+                      << ":" << t->device_index << ", but this build of kpool runs on the CPU only";
+    }
+}
+
+void require_data(const char *name, const kpool_tensor *t) {
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0) {
+            invalid() << name << " has a negative size " << t->shape[i] << " in dim " << i;
+        }
+        if (t->shape[i] == 0) {
+            return;  // empty: no data needed
+        }
+    }
+    if (t->data == nullptr) {
+        invalid() << name << " has no data (NULL pointer) for shape " << shape_string(t);
+    }
+}
+
+}  // namespace
+
+TensorArg require_tensor(const char *name, const kpool_tensor *t,
+                         std::initializer_list<kpool_dtype> dtypes, int ndim) {
+    return require_tensor_ranks(name, t, dtypes, {ndim});
+}
+
+TensorArg require_tensor_ranks(const char *name, const kpool_tensor *t,
+                               std::initializer_list<kpool_dtype> dtypes,
+                               std::initializer_list<int> ndims) {
+    require_common(name, t, dtypes);
+    bool rank_ok = false;
+    for (int n : ndims) {
+        rank_ok = rank_ok || t->ndim == n;
+    }
+    if (!rank_ok || t->ndim < 0 || t->ndim > KPOOL_MAX_DIMS) {
+        auto f = invalid();
+        f << name << " has " << t->ndim << " dims, expected ";
+        const char *sep = "";
+        for (int n : ndims) {
+            f << sep << n;
+            sep = " or ";
+        }
+    }
+    require_data(name, t);
+    return {name, t};
+}
+
+void require_dim(const TensorArg &a, int i, int64_t expected, const char *what) {
+    if (a.dim(i) != expected) {
+        invalid() << a.name << " has shape " << shape_string(a.t) << ": dim " << i << " must be "
+                  << expected << " (" << what << ")";
+    }
+}
+
+void require_same_dim(const TensorArg &a, int i, const TensorArg &b, int j) {
+    if (a.dim(i) != b.dim(j)) {
+        invalid() << a.name << " has shape " << shape_string(a.t) << ", which does not match "
+                  << b.name << " " << shape_string(b.t) << " (dim " << i << " vs dim " << j << ")";
+    }
+}
+
+void require_stride(const TensorArg &a, int i, int64_t expected) {
+    if (a.dim(i) > 1 && a.stride(i) != expected) {
+        invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i << ", expected "
+                  << expected;
+    }
+}
+
+void require_int32_strides(const TensorArg &a) {
+    for (int i = 0; i < a.t->ndim; i++) {
+        if (a.dim(i) > 1 && (a.stride(i) <= 0 || a.stride(i) > std::numeric_limits<int32_t>::max())) {
+            invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i
+                      << " (strides must be positive and below 2^31 elements)";
+        }
+        if (a.dim(i) > std::numeric_limits<int32_t>::max()) {
+            invalid() << a.name << " has " << a.dim(i) << " elements in dim " << i
+                      << " (at most 2^31 - 1 per dim)";
+        }
+    }
+}
+
+void require_same_device(std::initializer_list<const TensorArg *> args) {
+    const TensorArg *first = nullptr;
+    for (const TensorArg *a : args) {
+        if (first == nullptr) {
+            first = a;
+        } else if (a->t->device != first->t->device || a->t->device_index != first->t->device_index) {
+            invalid() << a->name << " is on device " << a->t->device << ":" << a->t->device_index
+                      << " but " << first->name << " is on " << first->t->device << ":"
+                      << first->t->device_index;
+        }
+    }
+}
+
+void require_pool_size(int32_t pool_size) {
+    if (pool_size < 1 || pool_size > 64 || (pool_size & (pool_size - 1)) != 0) {
+        invalid() << "pool_size = " << pool_size << " is not a power of two in [1, 64]";
+    }
+}
+
+void require_head_dim(int32_t head_dim) {
+    if (head_dim != KPOOL_HEAD_DIM) {
+        invalid() << "head_dim = " << head_dim << ", but kpool kernels are built for " << KPOOL_HEAD_DIM;
+    }
+}
+
+int64_t index_at(const TensorArg &a, int64_t i) {
+    int64_t offset = 0;
+    for (int d = a.t->ndim - 1; d >= 0; d--) {
+        offset += (i % a.dim(d)) * a.stride(d);
+        i /= a.dim(d);
+    }
+    if (a.t->dtype == KPOOL_DTYPE_INT64) {
+        return static_cast<const int64_t *>(a.t->data)[offset];
+    }
+    return static_cast<const int32_t *>(a.t->data)[offset];
+}
+
+std::string element_name(const TensorArg &a, int64_t flat_index) {
+    std::vector<int64_t> coords(a.t->ndim);
+    for (int d = a.t->ndim - 1; d >= 0; d--) {
+        coords[d] = flat_index % a.dim(d);
+        flat_index /= a.dim(d);
+    }
+    std::ostringstream s;
+    s << a.name << "[";
+    for (size_t d = 0; d < coords.size(); d++) {
+        s << (d ? ", " : "") << coords[d];
+    }
+    s << "]";
+    return s.str();
+}
+
+}  // namespace kpool::rt

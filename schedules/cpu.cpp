@@ -1,0 +1,108 @@
+// Host-CPU schedules: rows (pools, tokens) split into chunks across threads;
+// every per-row stage computed at its row, in registers and stack buffers,
+// vectorized over d; no heap intermediates. Vector width comes from the
+// target (8 f32 lanes on the AVX2 baseline the libraries are built for).
+#include "cpu.h"
+
+namespace kpool::cpu {
+
+using namespace Halide;
+
+namespace {
+
+constexpr int kRowsPerTask = 16;
+
+// Every stage of one row's compute, placed at `at` and vectorized over d.
+void compute_row_at(RotateQuant &r, const Var &d, LoopLevel at, int lanes) {
+    r.input.compute_at(at).vectorize(d, lanes);
+    for (size_t k = 1; k < r.rotation.stages.size(); k++) {
+        r.rotation.stages[k].compute_at(at).vectorize(d, lanes);
+    }
+    r.rotated.compute_at(at).vectorize(d, lanes);
+    r.quant.absmax.compute_at(at);
+    r.quant.scale.compute_at(at);
+}
+
+void compute_pool_at(CompressPool &c, const Var &d, const Var &j, LoopLevel at, int lanes) {
+    SoftmaxPool &p = c.pool;
+    p.logit.compute_at(at).vectorize(d, lanes).unroll(j);
+    p.max_logit.compute_at(at).vectorize(d, lanes);
+    p.weight.compute_at(at).vectorize(d, lanes).unroll(j);
+    p.weighted_sum.compute_at(at).vectorize(d, lanes);
+    compute_row_at(c.rotate, d, at, lanes);
+}
+
+}  // namespace
+
+void schedule_fwht(FwhtStages &s, const BuildPlan &plan) {
+    const int lanes = plan.target.natural_vector_size<float>();
+    Var ro{"row_chunk"}, ri{"row_in_chunk"};
+    s.codes.split(s.row, ro, ri, kRowsPerTask, TailStrategy::GuardWithIf).parallel(ro).vectorize(s.d, lanes);
+    // The scale shares the row's rotation: one loop over rows writes both.
+    s.scale.split(s.row, ro, ri, kRowsPerTask, TailStrategy::GuardWithIf).parallel(ro).compute_with(s.codes, ri);
+    compute_row_at(s.rotate, s.d, LoopLevel(s.codes, ri), lanes);
+}
+
+void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan) {
+    const int lanes = plan.target.natural_vector_size<float>();
+    RVar po{"pool_chunk"}, pi{"pool_in_chunk"};
+    // Duplicate locs are the caller's race, as in the reference (docs/).
+    s.cache.update(0)
+        .allow_race_conditions()
+        .split(s.write.z, po, pi, kRowsPerTask, TailStrategy::GuardWithIf)
+        .parallel(po)
+        .unroll(s.write.x);
+    compute_pool_at(s.compress, s.d, s.j, LoopLevel(s.cache, pi), lanes);
+    s.compress.rotate.quant.codes.compute_at(s.cache, pi).vectorize(s.d, lanes);
+}
+
+void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan) {
+    const int lanes = plan.target.natural_vector_size<float>();
+    Var po{"pool_chunk"}, pi{"pool_in_chunk"};
+    s.codes.split(s.pool, po, pi, kRowsPerTask, TailStrategy::GuardWithIf).parallel(po).vectorize(s.d, lanes);
+    s.scale.split(s.pool, po, pi, kRowsPerTask, TailStrategy::GuardWithIf).parallel(po).compute_with(s.codes, pi);
+    compute_pool_at(s.compress, s.d, s.j, LoopLevel(s.codes, pi), lanes);
+}
+
+void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan) {
+    RVar to{"token_chunk"}, ti{"token_in_chunk"};
+    s.tail.update(0)
+        .allow_race_conditions()
+        .split(s.copy.z, to, ti, 64, TailStrategy::GuardWithIf)
+        .parallel(to)
+        .vectorize(s.copy.x, plan.target.natural_vector_size<uint16_t>());
+}
+
+void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan) {
+    const int lanes = plan.target.natural_vector_size<float>();
+    RVar token = s.write.z, request = s.write[3];
+    s.cache.update(0).allow_race_conditions().parallel(request).unroll(s.write.x);
+    s.ring_writer.compute_at(s.cache, token);
+    compute_pool_at(s.compress, s.d, s.j, LoopLevel(s.cache, token), lanes);
+    s.compress.rotate.quant.codes.compute_at(s.cache, token).vectorize(s.d, lanes);
+}
+
+void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan) {
+    // Requests in parallel; a request's tokens stay in order, so the last
+    // stash of a ring slot wins as in the reference's sequential loop.
+    s.tail.update(0)
+        .allow_race_conditions()
+        .parallel(s.stash[3])
+        .vectorize(s.stash.x, plan.target.natural_vector_size<uint16_t>());
+}
+
+void schedule_expand(ExpandStages &s, const BuildPlan &plan) {
+    Var co{"col_chunk"}, ci{"col_in_chunk"};
+    s.out.split(s.col, co, ci, plan.target.natural_vector_size<int32_t>(), TailStrategy::GuardWithIf)
+        .vectorize(ci)
+        .parallel(s.row);
+}
+
+void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan) {
+    for (Func &f : s.outputs) {
+        Var io{"i_chunk"}, ii{"i_in_chunk"};
+        f.split(s.i, io, ii, 1 << 14, TailStrategy::GuardWithIf).parallel(io).vectorize(ii, plan.target.natural_vector_size<float>());
+    }
+}
+
+}  // namespace kpool::cpu

@@ -1,0 +1,17 @@
+// The host-CPU schedule family.
+#pragma once
+
+#include "kpool_schedules.h"
+
+namespace kpool::cpu {
+
+void schedule_fwht(FwhtStages &s, const BuildPlan &plan);
+void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan);
+void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan);
+void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan);
+void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan);
+void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan);
+void schedule_expand(ExpandStages &s, const BuildPlan &plan);
+void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan);
+
+}  // namespace kpool::cpu

@@ -1,0 +1,84 @@
+// Schedules of every kpool kernel, one implementation file per target family
+// (cpu.cpp now; cuda_sm80.cpp and cuda_sm90.cpp with the GPU work). A
+// generator states its algorithm, gathers the stages below and hands them to
+// schedule_*(), which picks the family from the target it is built for.
+#pragma once
+
+#include <string>
+
+#include "Halide.h"
+#include "kpool_algorithms.h"
+
+namespace kpool {
+
+using Halide::RDom;
+using Halide::Target;
+
+// What the generator knows of its build: the target, and for GPU targets
+// which GPU family the schedule is tuned for (Halide 21 cannot name sm_90,
+// so the capability alone does not say).
+struct BuildPlan {
+    Target target;
+    std::string gpu;  // "", "sm80", "sm90"
+};
+
+struct FwhtStages {
+    Var d, row;
+    RotateQuant rotate;
+    Func codes, scale;  // the outputs
+};
+
+// Softmax-pool compress of n pools, written to the cache (the output's
+// update over `write`: byte, word, pool) or returned as rows.
+struct CompressToCacheStages {
+    Var d, j, pool;
+    CompressPool compress;
+    Func cache;
+    RDom write;
+};
+struct CompressToRowsStages {
+    Var d, j, pool;
+    CompressPool compress;
+    Func codes, scale;
+};
+
+struct SeedTailStages {
+    Func tail;
+    RDom copy;  // (d, half, token)
+};
+
+// Decode: completions written to the cache over `write`
+// (byte, word, token, request), then stashes into the ring.
+struct DecodeWriteStages {
+    Var d, j, token, request;
+    Func ring_writer;  // index of the token of this call that last stashed a ring slot
+    CompressPool compress;
+    Func cache;
+    RDom write;
+};
+struct DecodeStashStages {
+    Func tail;
+    RDom stash;  // (d, half, token, request)
+};
+
+// The expand family: one int32 output over (col, row).
+struct ExpandStages {
+    Var col, row;
+    Func out;
+};
+
+struct NumericsProbeStages {
+    Var i;
+    std::vector<Func> outputs;
+};
+
+void schedule_fwht(FwhtStages &s, const BuildPlan &plan);
+void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan);
+void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan);
+void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan);
+void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan);
+void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan);
+void schedule_expand(ExpandStages &s, const BuildPlan &plan);
+void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan);
+
+}  // namespace kpool
