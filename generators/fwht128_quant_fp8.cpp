@@ -25,7 +25,7 @@ public:
         q.dim(0).set_bounds(0, kHeadDim);
         q_fp8.dim(0).set_bounds(0, kHeadDim);
         q_fp8.dim(1).set_min(0);
-        q_scale.dim(0).set_bounds(0, q_fp8.dim(1).extent());
+        q_scale.dim(0).set_bounds(0, q_fp8.dim(1).extent()).set_stride(Expr());
     }
 
     void schedule() {

@@ -63,8 +63,13 @@ public:
         cache(byte_in_page, page) = undef<uint8_t>();
         s.write = RDom(0, 4, 0, kCacheRowWords, 0, num_pools, "write");
         Expr byte = s.write.x, word = s.write.y, pool = s.write.z;
-        s.write.where(write_mask(pool) != 0 && loc(pool) >= 0);
-        CacheSlot slot = cache_slot(loc(pool), page_size, cache.dim(1).extent());
+        // Pools past the batch read as "no write", so schedules may split freely.
+        Func locs = BoundaryConditions::constant_exterior(loc, cast<int64_t>(-1));
+        Func writes = BoundaryConditions::constant_exterior(write_mask, cast<uint8_t>(0));
+        s.write.where(writes(pool) != 0 && locs(pool) >= 0);
+        loc.dim(0).set_stride(Expr());
+        write_mask.dim(0).set_stride(Expr());  // 0 when absent
+        CacheSlot slot = cache_slot(locs(pool), page_size, cache.dim(1).extent());
         cache(cache_word_offset(slot, page_size, word) + byte, slot.page) =
             cache_row_byte(s.compress.rotate.quant, {pool}, word, byte);
     }
@@ -90,7 +95,7 @@ public:
         compressed_scale(s.pool) = s.compress.rotate.quant.scale(s.pool);
         compressed_k.dim(0).set_bounds(0, kHeadDim);
         compressed_k.dim(1).set_min(0);
-        compressed_scale.dim(0).set_bounds(0, compressed_k.dim(1).extent());
+        compressed_scale.dim(0).set_bounds(0, compressed_k.dim(1).extent()).set_stride(Expr());
     }
 
     void schedule() {

@@ -98,6 +98,9 @@ public:
         tail.dim(2).set_bounds(0, 2);
         key.dim(0).set_bounds(0, kHeadDim);
         slot_score.dim(0).set_bounds(0, kHeadDim);
+        for (auto *per_token : {&tail_slot_mapping, &slot_mapping, &positions}) {
+            per_token->dim(0).set_stride(Expr());
+        }
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, P);
     }
 
@@ -130,6 +133,8 @@ public:
         Expr t = r.z, b = r[3];
         DecodeToken tok = decode_token(positions, tail_slot_mapping, t, b);
         r.where(tok.stashes);
+        tail_slot_mapping.dim(0).set_stride(Expr());
+        positions.dim(0).set_stride(Expr());
         // The ring position comes from the token's position, the block from
         // its tail slot, as in the reference.
         TailSlot at = tail_slot(cast<int64_t>(tok.tail_slot) / cast<int64_t>(ring) * cast<int64_t>(ring) +

@@ -54,6 +54,7 @@ public:
         Expr tail_off = c - topk;
         Expr tail = select(tail_off < seq_len - tail_start, tail_start + tail_off, -1);
         out(c, row) = select(c < topk, history, tail);
+        seq_lens.dim(0).set_stride(Expr());
         stages.out = out;
     }
 
@@ -82,6 +83,8 @@ public:
         Expr token = cast<int64_t>(group_ids(g, row)) * P + c % P;
         Expr mapped = map_token(token, row, token_map, page_table, page_table.dim(0).extent(), topk_offsets);
         out(c, row) = select(group_valid(g, row) != 0, mapped, -1);
+        page_table.dim(0).set_stride(Expr());    // 0 when absent
+        topk_offsets.dim(0).set_stride(Expr());  // 0 when absent
         stages.out = out;
     }
 
@@ -114,6 +117,10 @@ public:
         Expr tail_token = cast<int64_t>(tail_start) + tail_off;
         Expr tail = map_token(tail_token, row, token_map, page_table, page_table.dim(0).extent(), topk_offsets);
         out(c, row) = select(is_tail, tail, c < history_cols, history(c, row), -1);
+        seq_lens.dim(0).set_stride(Expr());
+        pool_lens.dim(0).set_stride(Expr());
+        page_table.dim(0).set_stride(Expr());    // 0 when absent
+        topk_offsets.dim(0).set_stride(Expr());  // 0 when absent
         stages.out = out;
     }
 

@@ -28,14 +28,17 @@ public:
         RDom &r = stages.copy;
         r = RDom(0, kHeadDim, 0, 2, 0, n, "copy");
         Expr i = r.z;
-        Expr slot = cast<int64_t>(tslot(i));
-        Expr ahead_index = min(i + pool_size, n - 1);
-        Expr ahead = select(i + pool_size < n, cast<int64_t>(tslot(ahead_index)), cast<int64_t>(-1));
+        // Past the batch reads as padding (-1): the rule needs no special case
+        // at the end, and schedules may split the token loop freely.
+        Func slots = BoundaryConditions::constant_exterior(tslot, cast(tslot.type(), -1));
+        Expr slot = cast<int64_t>(slots(i));
+        Expr ahead = cast<int64_t>(slots(i + pool_size));
         Expr same_block = ahead >= 0 && ahead / cast<int64_t>(ring) == slot / cast<int64_t>(ring);
         r.where(slot >= 0 && !same_block);
         TailSlot at = tail_slot(slot, ring, tail.dim(3).extent());
         tail(r.x, at.ring_pos, r.y, at.block) = select(r.y == 0, key(r.x, i), gate_score(r.x, i));
 
+        tslot.dim(0).set_stride(Expr());
         key.dim(0).set_bounds(0, kHeadDim);
         gate_score.dim(0).set_bounds(0, kHeadDim);
         tail.dim(0).set_bounds(0, kHeadDim);

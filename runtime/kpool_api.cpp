@@ -177,7 +177,7 @@ TensorArg require_out(const kpool_tensor *t, int64_t rows, int64_t cols) {
     TensorArg out = require_tensor("out", t, {KPOOL_DTYPE_INT32}, 2);
     require_dim(out, 0, rows, "rows");
     require_dim(out, 1, cols, "output columns");
-    require_int32_strides(out);
+    require_inner_contiguous(out);
     return out;
 }
 
@@ -436,7 +436,7 @@ kpool_status_code kpool_expand_pools_and_append_tail(const kpool_tensor *pool_id
     return run(status, [&]() -> int64_t {
         require_pool_size(pool_size);
         TensorArg ids = require_tensor("pool_ids", pool_ids_, {KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64}, 2);
-        require_int32_strides(ids);
+        require_inner_contiguous(ids);
         const int64_t rows = ids.dim(0);
         TensorArg seq_lens = require_int32_vector("seq_lens", seq_lens_, rows);
         require_non_negative(seq_lens);
@@ -463,12 +463,12 @@ kpool_status_code kpool_expand_pools_to_tokens(const kpool_tensor *group_ids_, c
         }
         TensorArg ids = require_tensor("group_ids", group_ids_, {KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64}, 2);
         require_dim(ids, 1, topk / pool_size, "topk / pool_size groups");
-        require_int32_strides(ids);
+        require_inner_contiguous(ids);
         const int64_t rows = ids.dim(0);
         TensorArg valid = require_tensor("group_valid", group_valid_, {KPOOL_DTYPE_BOOL, KPOOL_DTYPE_UINT8}, 2);
         require_same_dim(valid, 0, ids, 0);
         require_same_dim(valid, 1, ids, 1);
-        require_int32_strides(valid);
+        require_inner_contiguous(valid);
         TokenMap map = token_map(page_table_, topk_offsets_, rows);
         TensorArg out = require_out(out_, rows, topk);
         if (rows == 0 || topk == 0) {
@@ -489,7 +489,7 @@ kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result_, co
     return run(status, [&]() -> int64_t {
         require_pool_size(pool_size);
         TensorArg topk = require_tensor("topk_result", topk_result_, {KPOOL_DTYPE_INT32}, 2);
-        require_int32_strides(topk);
+        require_inner_contiguous(topk);
         const int64_t rows = topk.dim(0);
         TensorArg seq_lens = require_int32_vector("seq_lens", seq_lens_, rows);
         TensorArg pool_lens = require_int32_vector("pool_lens", pool_lens_, rows);
