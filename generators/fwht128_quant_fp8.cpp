@@ -18,7 +18,7 @@ public:
         FwhtStages &s = stages;
         Func x{"q_f32"};
         x(s.d, s.row) = bf16_to_f32(q(s.d, s.row));
-        s.rotate = rotate_quantize(x, s.d, {s.row}, Expr(true));
+        s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, row_layout({get_target(), gpu}), Expr(true));
         q_fp8(s.d, s.row) = s.rotate.quant.codes(s.d, s.row);
         q_scale(s.row) = s.rotate.quant.scale(s.row);
 
@@ -35,7 +35,7 @@ public:
     }
 
 private:
-    FwhtStages stages{Var{"d"}, Var{"row"}};
+    FwhtStages stages;
 };
 
 }  // namespace kpool

@@ -16,6 +16,19 @@ std::vector<Expr> with_first(Expr first, const std::vector<Var> &rows) {
     return args;
 }
 
+// (v, lane, rows...) as the left-hand side of a definition.
+std::vector<Var> lane_args(const Var &v, const Var &lane, const std::vector<Var> &rows) {
+    std::vector<Var> args{v, lane};
+    args.insert(args.end(), rows.begin(), rows.end());
+    return args;
+}
+
+std::vector<Var> lane_args(const Var &lane, const std::vector<Var> &rows) {
+    std::vector<Var> args{lane};
+    args.insert(args.end(), rows.begin(), rows.end());
+    return args;
+}
+
 std::vector<Expr> with_two(Expr first, Expr second, const std::vector<Var> &rows) {
     std::vector<Expr> args{first, second};
     args.insert(args.end(), rows.begin(), rows.end());
@@ -30,48 +43,94 @@ std::vector<Var> with_d(const Var &d, const std::vector<Var> &rows) {
     return args;
 }
 
-Hadamard128 hadamard128(Func x, const Var &d, const std::vector<Var> &rows) {
+namespace {
+
+// The other element of a butterfly pair, from a lane-local or a lane index
+// `i` whose bit `bit` says which side of the pair it is. The clamps only
+// keep bounds at [0, extent): the select never uses a clamped index.
+struct Partner {
+    Expr low_side, upper, lower;
+};
+Partner partner(Expr i, int bit, int extent) {
+    return {(i & bit) == 0, min(i + bit, extent - 1), max(i - bit, 0)};
+}
+
+}  // namespace
+
+Hadamard128 hadamard128(Func x, const Var &v, const Var &lane, const std::vector<Var> &rows,
+                        const RowLayout &layout) {
+    const int V = layout.values_per_lane, L = layout.lanes();
     Hadamard128 h;
-    h.stages.push_back(x);
-    for (int stride = 1, k = 1; stride < kHeadDim; stride *= 2, k++) {
+    Func input{"hadamard_input"};
+    input(lane_args(v, lane, rows)) = x(with_first(lane * V + v, rows));
+    h.stages.push_back(input);
+    for (int stride = 1; stride < kHeadDim; stride *= 2) {
         Func prev = h.stages.back();
         Func stage{"hadamard_stride" + std::to_string(stride)};
-        // The partner index is clamped only so bounds stay [0, 128): the
-        // select never uses the clamped lane.
-        Expr upper = prev(with_first(min(d + stride, kHeadDim - 1), rows));
-        Expr lower = prev(with_first(max(d - stride, 0), rows));
-        Expr self = prev(with_first(d, rows));
-        stage(with_d(d, rows)) = select((d & stride) == 0, self + upper, lower - self);
+        // Element i with bit `stride` clear: x[i] + x[i+stride]; set: x[i-stride] - x[i].
+        Expr self = prev(with_two(v, lane, rows));
+        Expr sum, difference;
+        Expr low_side;
+        if (stride < V) {
+            Partner p = partner(v, stride, V);
+            low_side = p.low_side;
+            sum = self + prev(with_two(p.upper, lane, rows));
+            difference = prev(with_two(p.lower, lane, rows)) - self;
+        } else {
+            Partner p = partner(lane, stride / V, L);
+            low_side = p.low_side;
+            sum = self + prev(with_two(v, p.upper, rows));
+            difference = prev(with_two(v, p.lower, rows)) - self;
+        }
+        stage(lane_args(v, lane, rows)) = select(low_side, sum, difference);
         h.stages.push_back(stage);
     }
     h.output = Func{"hadamard128"};
-    h.output(with_d(d, rows)) = h.stages.back()(with_first(d, rows)) * kHadamardNorm;
+    h.output(lane_args(v, lane, rows)) = h.stages.back()(with_two(v, lane, rows)) * kHadamardNorm;
     return h;
 }
 
-Fp8Row quantize_fp8_row(Func x, const Var &d, const std::vector<Var> &rows, Expr round_scale) {
+Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, const std::vector<Var> &rows,
+                        const RowLayout &layout, Expr round_scale) {
+    const int V = layout.values_per_lane, L = layout.lanes();
     Fp8Row q;
-    RDom dims(0, kHeadDim, "absmax_d");
-    q.absmax = Func{"absmax"};
-    q.absmax(rows) = maximum(abs(x(with_first(dims.x, rows))));
+    // max is exact, so its order is free: per lane first, then across lanes.
+    Expr lane_max = abs(x(with_two(0, lane, rows)));
+    for (int i = 1; i < V; i++) {
+        lane_max = max(lane_max, abs(x(with_two(i, lane, rows))));
+    }
+    q.lane_absmax = Func{"lane_absmax"};
+    q.lane_absmax(lane_args(lane, rows)) = lane_max;
+    Func prev = q.lane_absmax;
+    for (int bit = 1; bit < L; bit *= 2) {
+        Partner p = partner(lane, bit, L);
+        Func stage{"absmax_lanes" + std::to_string(bit)};
+        stage(lane_args(lane, rows)) =
+            max(prev(with_first(lane, rows)), prev(with_first(select(p.low_side, p.upper, p.lower), rows)));
+        q.absmax_stages.push_back(stage);
+        prev = stage;
+    }
+    q.lane_scale = Func{"lane_fp8_scale"};
+    q.lane_scale(lane_args(lane, rows)) = fp8_scale(prev(with_first(lane, rows)), round_scale);
     q.scale = Func{"fp8_scale"};
-    q.scale(rows) = fp8_scale(q.absmax(exprs(rows)), round_scale);
+    q.scale(rows) = q.lane_scale(with_first(0, rows));
     q.codes = Func{"e4m3_codes"};
     // x / scale is a true division: without round_scale the scale is no
     // power of two and the reference divides, it does not multiply.
-    Expr y = clamp(x(with_d(d, rows)) / q.scale(exprs(rows)), -kFp8Max, kFp8Max);
+    Expr x_d = x(with_two(d % V, d / V, rows));
+    Expr y = clamp(x_d / q.lane_scale(with_first(d / V, rows)), -kFp8Max, kFp8Max);
     q.codes(with_d(d, rows)) = e4m3_encode(y);
     return q;
 }
 
-RotateQuant rotate_quantize(Func x_f32, const Var &d, const std::vector<Var> &rows,
-                            Expr round_scale) {
+RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &lane,
+                            const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale) {
     RotateQuant r;
     r.input = x_f32;
-    r.rotation = hadamard128(x_f32, d, rows);
+    r.rotation = hadamard128(x_f32, v, lane, rows, layout);
     r.rotated = Func{"rotated_bf16"};
-    r.rotated(with_d(d, rows)) = round_to_bf16(r.rotation.output(with_d(d, rows)));
-    r.quant = quantize_fp8_row(r.rotated, d, rows, round_scale);
+    r.rotated(lane_args(v, lane, rows)) = round_to_bf16(r.rotation.output(with_two(v, lane, rows)));
+    r.quant = quantize_fp8_row(r.rotated, d, v, lane, rows, layout, round_scale);
     return r;
 }
 
@@ -79,7 +138,7 @@ SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Va
                          const Var &j, const std::vector<Var> &rows) {
     SoftmaxPool s;
     s.logit = Func{"logit"};
-    s.logit(with_two(d, j, rows)) = score(with_two(d, j, rows)) + ape(d, j);
+    s.logit(lane_args(d, j, rows)) = score(with_two(d, j, rows)) + ape(d, j);
 
     // Unrolled folds in slot order: the order of the f32 operations is part
     // of the contract. Both sums start from +0.0f as the reference's do, so
@@ -92,7 +151,7 @@ SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Va
     s.max_logit(with_d(d, rows)) = m;
 
     s.weight = Func{"softmax_weight"};
-    s.weight(with_two(d, j, rows)) =
+    s.weight(lane_args(d, j, rows)) =
         exp_f32_correctly_rounded(s.logit(with_two(d, j, rows)) - s.max_logit(with_first(d, rows)));
 
     Expr numerator = 0.0f, denominator = 0.0f;
@@ -109,13 +168,14 @@ SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Va
     return s;
 }
 
-CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
-                           const Var &j, const std::vector<Var> &rows, Expr round_scale) {
+CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d, const Var &j,
+                           const Var &v, const Var &lane, const std::vector<Var> &rows,
+                           const RowLayout &layout, Expr round_scale) {
     CompressPool c;
     c.pool = softmax_pool(key, score, ape, pool_size, d, j, rows);
     c.pooled_bf16 = Func{"pooled_bf16"};
     c.pooled_bf16(with_d(d, rows)) = round_to_bf16(c.pool.pooled(with_d(d, rows)));
-    c.rotate = rotate_quantize(c.pooled_bf16, d, rows, round_scale);
+    c.rotate = rotate_quantize(c.pooled_bf16, d, v, lane, rows, layout, round_scale);
     return c;
 }
 

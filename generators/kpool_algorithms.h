@@ -2,8 +2,9 @@
 // and return the stages a schedule may touch. No scheduling here: schedules/
 // places, tiles and vectorizes these stages per target.
 //
-// Every per-row stage is defined over (d, rows...) where `rows` are the
-// generator's row dimensions (one for fwht and compress, (token, request) for
+// Every per-row stage is defined over (d, rows...) or, where lanes of a row
+// interact, over (v, lane, rows...) (see RowLayout); `rows` are the
+// generator's row dimensions (pool for compress, (token, request) for
 // decode), so the same stages serve every kernel.
 #pragma once
 
@@ -21,31 +22,49 @@ using Halide::Var;
 // Argument lists (d, rows...) and (rows...).
 std::vector<Var> with_d(const Var &d, const std::vector<Var> &rows);
 
+// How a 128-wide row is spread over lanes of parallel hardware: element
+// d = lane * values_per_lane + v. A lane owns values_per_lane consecutive
+// elements; butterflies of smaller stride stay inside a lane, larger ones
+// pair lanes (warp shuffles on a GPU, vector shifts on a CPU). The layout
+// changes no arithmetic: every element sees the same operations in the same
+// order. schedules/ chooses it per target.
+struct RowLayout {
+    int values_per_lane = 1;
+    int lanes() const { return kHeadDim / values_per_lane; }
+};
+
 // Hadamard-128 over d of x(d, rows...): seven butterfly stages, stride 1 to
-// 64 in that order, then the 1/sqrt(128) normalization, all in f32.
+// 64 in that order, then the 1/sqrt(128) normalization, all in f32. Stages
+// are defined over (v, lane, rows...).
 struct Hadamard128 {
     std::vector<Func> stages;  // stages[0] is the input, stages[k] after stride 2^(k-1)
-    Func output;
+    Func output;               // (v, lane, rows...)
 };
-Hadamard128 hadamard128(Func x, const Var &d, const std::vector<Var> &rows);
+Hadamard128 hadamard128(Func x, const Var &v, const Var &lane, const std::vector<Var> &rows,
+                        const RowLayout &layout);
 
-// Per-row fp8 quantization of x(d, rows...) (already rounded to bf16).
+// Per-row fp8 quantization of x(v, lane, rows...) (already rounded to bf16).
+// absmax is a max over each lane's values, then a butterfly over lanes after
+// which every lane holds the row's absmax.
 struct Fp8Row {
-    Func absmax;  // (rows...)
-    Func scale;   // (rows...) f32
-    Func codes;   // (d, rows...) e4m3 bits
+    Func lane_absmax;                // (lane, rows...)
+    std::vector<Func> absmax_stages;  // butterfly over lanes
+    Func lane_scale;                 // (lane, rows...) f32, equal on every lane
+    Func scale;                      // (rows...) f32
+    Func codes;                      // (d, rows...) e4m3 bits
 };
-Fp8Row quantize_fp8_row(Func x, const Var &d, const std::vector<Var> &rows, Expr round_scale);
+Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, const std::vector<Var> &rows,
+                        const RowLayout &layout, Expr round_scale);
 
 // bf16 row -> Hadamard-128 -> bf16 -> fp8: fwht128_quant_fp8 per row.
 struct RotateQuant {
-    Func input;  // f32 of the bf16 input row
+    Func input;  // f32 of the bf16 input row, (d, rows...)
     Hadamard128 rotation;
-    Func rotated;  // rounded to bf16
+    Func rotated;  // rounded to bf16, (v, lane, rows...)
     Fp8Row quant;
 };
-RotateQuant rotate_quantize(Func x_f32, const Var &d, const std::vector<Var> &rows,
-                            Expr round_scale);
+RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &lane,
+                            const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale);
 
 // Softmax pooling of P slots, per dim d:
 //   s_j = score_j + ape_j, m = max_j s_j, p_j = exp(s_j - m),
@@ -67,8 +86,9 @@ struct CompressPool {
     Func pooled_bf16;
     RotateQuant rotate;
 };
-CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
-                           const Var &j, const std::vector<Var> &rows, Expr round_scale);
+CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d, const Var &j,
+                           const Var &v, const Var &lane, const std::vector<Var> &rows,
+                           const RowLayout &layout, Expr round_scale);
 
 // Cache addressing (SPEC "Memory layouts"). The K cache is seen by the
 // kernels as bytes (byte_in_page, page); a pool's row is 33 little-endian

@@ -36,13 +36,16 @@ public:
     GeneratorInput<bool> round_scale{"round_scale"};
 
 protected:
-    CompressPool define_compress(Var d, Var j, Var pool) {
+    template <typename Stages>
+    CompressPool define_compress(Stages &s) {
+        Var d = s.d, j = s.j, pool = s.pool;
         Func key = as_f32(slot_k, UInt(16), "key_f32", d, j, pool);
         Func score = as_f32(slot_score, slot_score.type(), "score_f32", d, j, pool);
         slot_k.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         slot_score.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
-        return compress_pool(key, score, ape, pool_size, d, j, {pool}, round_scale);
+        return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool},
+                             row_layout({this->get_target(), gpu}), round_scale);
     }
 };
 
@@ -54,7 +57,7 @@ public:
 
     void generate() {
         CompressToCacheStages &s = stages;
-        s.compress = define_compress(s.d, s.j, s.pool);
+        s.compress = define_compress(s);
 
         Expr page_size = cache.dim(0).extent() / kCacheRowBytes;
         Expr num_pools = slot_k.dim(2).extent();
@@ -80,7 +83,7 @@ public:
     }
 
 private:
-    CompressToCacheStages stages{Var{"d"}, Var{"j"}, Var{"pool"}};
+    CompressToCacheStages stages;
 };
 
 class CompressToRows : public CompressBase<CompressToRows> {
@@ -90,7 +93,7 @@ public:
 
     void generate() {
         CompressToRowsStages &s = stages;
-        s.compress = define_compress(s.d, s.j, s.pool);
+        s.compress = define_compress(s);
         compressed_k(s.d, s.pool) = s.compress.rotate.quant.codes(s.d, s.pool);
         compressed_scale(s.pool) = s.compress.rotate.quant.scale(s.pool);
         compressed_k.dim(0).set_bounds(0, kHeadDim);
@@ -105,7 +108,7 @@ public:
     }
 
 private:
-    CompressToRowsStages stages{Var{"d"}, Var{"j"}, Var{"pool"}};
+    CompressToRowsStages stages;
 };
 
 }  // namespace kpool

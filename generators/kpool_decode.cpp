@@ -76,7 +76,8 @@ public:
         Func member_key{"member_key"}, member_score{"member_score"};
         member_key(s.d, s.j, t, b) = member(key, 0);
         member_score(s.d, s.j, t, b) = member(slot_score, 1);
-        s.compress = compress_pool(member_key, member_score, ape, P, s.d, s.j, {t, b}, round_scale);
+        s.compress = compress_pool(member_key, member_score, ape, P, s.d, s.j, s.v, s.lane, {t, b},
+                                   row_layout({get_target(), gpu}), round_scale);
 
         // A completion needs a tail block: with tail_slot < 0 the reference
         // would read block 0 (another request's); we write nothing and the
@@ -110,7 +111,7 @@ public:
     }
 
 private:
-    DecodeWriteStages stages{Var{"d"}, Var{"j"}, Var{"token"}, Var{"request"}};
+    DecodeWriteStages stages;
 };
 
 class DecodeStashTail : public Generator<DecodeStashTail> {

@@ -61,7 +61,7 @@ public:
     void schedule() { schedule_expand(stages, {get_target(), gpu}); }
 
 private:
-    ExpandStages stages{Var{"col"}, Var{"row"}};
+    ExpandStages stages;
 };
 
 class ExpandPoolsToTokens : public Generator<ExpandPoolsToTokens> {
@@ -91,7 +91,7 @@ public:
     void schedule() { schedule_expand(stages, {get_target(), gpu}); }
 
 private:
-    ExpandStages stages{Var{"col"}, Var{"row"}};
+    ExpandStages stages;
 };
 
 class AppendTailToTopk : public Generator<AppendTailToTopk> {
@@ -127,7 +127,7 @@ public:
     void schedule() { schedule_expand(stages, {get_target(), gpu}); }
 
 private:
-    ExpandStages stages{Var{"col"}, Var{"row"}};
+    ExpandStages stages;
 };
 
 }  // namespace kpool

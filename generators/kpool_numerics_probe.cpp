@@ -29,7 +29,7 @@ public:
     void schedule() { schedule_numerics_probe(stages, {get_target(), ""}); }
 
 private:
-    NumericsProbeStages stages{Var{"i"}};
+    NumericsProbeStages stages;
 };
 
 }  // namespace kpool

@@ -6,30 +6,36 @@
 
 namespace kpool::cpu {
 
+RowLayout row_layout() { return RowLayout{1}; }
+
 using namespace Halide;
 
 namespace {
 
 constexpr int kRowsPerTask = 16;
 
-// Every stage of one row's compute, placed at `at` and vectorized over d.
-void compute_row_at(RotateQuant &r, const Var &d, LoopLevel at, int lanes) {
-    r.input.compute_at(at).vectorize(d, lanes);
-    for (size_t k = 1; k < r.rotation.stages.size(); k++) {
-        r.rotation.stages[k].compute_at(at).vectorize(d, lanes);
+// Every stage of one row's compute, placed at `at` and vectorized over its
+// lanes (the CPU layout has one value per lane: lanes are elements).
+void compute_row_at(RotateQuant &r, const Var &lane, LoopLevel at, int lanes) {
+    for (Func &stage : r.rotation.stages) {
+        stage.compute_at(at).vectorize(lane, lanes);
     }
-    r.rotated.compute_at(at).vectorize(d, lanes);
-    r.quant.absmax.compute_at(at);
-    r.quant.scale.compute_at(at);
+    r.rotated.compute_at(at).vectorize(lane, lanes);
+    r.quant.lane_absmax.compute_at(at).vectorize(lane, lanes);
+    for (Func &stage : r.quant.absmax_stages) {
+        stage.compute_at(at).vectorize(lane, lanes);
+    }
+    r.quant.lane_scale.compute_at(at).vectorize(lane, lanes);
 }
 
-void compute_pool_at(CompressPool &c, const Var &d, const Var &j, LoopLevel at, int lanes) {
+void compute_pool_at(CompressPool &c, const Var &d, const Var &j, const Var &lane, LoopLevel at, int lanes) {
     SoftmaxPool &p = c.pool;
     p.logit.compute_at(at).vectorize(d, lanes).unroll(j);
     p.max_logit.compute_at(at).vectorize(d, lanes);
     p.weight.compute_at(at).vectorize(d, lanes).unroll(j);
     p.weighted_sum.compute_at(at).vectorize(d, lanes);
-    compute_row_at(c.rotate, d, at, lanes);
+    c.pooled_bf16.compute_at(at).vectorize(d, lanes);
+    compute_row_at(c.rotate, lane, at, lanes);
 }
 
 }  // namespace
@@ -40,7 +46,8 @@ void schedule_fwht(FwhtStages &s, const BuildPlan &plan) {
     s.codes.split(s.row, ro, ri, kRowsPerTask, TailStrategy::GuardWithIf).parallel(ro).vectorize(s.d, lanes);
     // The scale shares the row's rotation: one loop over rows writes both.
     s.scale.split(s.row, ro, ri, kRowsPerTask, TailStrategy::GuardWithIf).parallel(ro).compute_with(s.codes, ri);
-    compute_row_at(s.rotate, s.d, LoopLevel(s.codes, ri), lanes);
+    s.rotate.input.compute_at(s.codes, ri).vectorize(s.d, lanes);
+    compute_row_at(s.rotate, s.lane, LoopLevel(s.codes, ri), lanes);
 }
 
 void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan) {
@@ -52,7 +59,7 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan)
         .split(s.write.z, po, pi, kRowsPerTask, TailStrategy::GuardWithIf)
         .parallel(po)
         .unroll(s.write.x);
-    compute_pool_at(s.compress, s.d, s.j, LoopLevel(s.cache, pi), lanes);
+    compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.cache, pi), lanes);
     s.compress.rotate.quant.codes.compute_at(s.cache, pi).vectorize(s.d, lanes);
 }
 
@@ -61,7 +68,7 @@ void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan) {
     Var po{"pool_chunk"}, pi{"pool_in_chunk"};
     s.codes.split(s.pool, po, pi, kRowsPerTask, TailStrategy::GuardWithIf).parallel(po).vectorize(s.d, lanes);
     s.scale.split(s.pool, po, pi, kRowsPerTask, TailStrategy::GuardWithIf).parallel(po).compute_with(s.codes, pi);
-    compute_pool_at(s.compress, s.d, s.j, LoopLevel(s.codes, pi), lanes);
+    compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.codes, pi), lanes);
 }
 
 void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan) {
@@ -78,7 +85,7 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan) {
     RVar token = s.write.z, request = s.write[3];
     s.cache.update(0).allow_race_conditions().parallel(request).unroll(s.write.x);
     s.ring_writer.compute_at(s.cache, token);
-    compute_pool_at(s.compress, s.d, s.j, LoopLevel(s.cache, token), lanes);
+    compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.cache, token), lanes);
     s.compress.rotate.quant.codes.compute_at(s.cache, token).vectorize(s.d, lanes);
 }
 

@@ -5,6 +5,8 @@
 
 namespace kpool::cpu {
 
+RowLayout row_layout();
+
 void schedule_fwht(FwhtStages &s, const BuildPlan &plan);
 void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan);
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan);

@@ -16,6 +16,11 @@ void require_cpu(const BuildPlan &plan, const char *kernel) {
 
 }  // namespace
 
+RowLayout row_layout(const BuildPlan &plan) {
+    require_cpu(plan, "row_layout");
+    return cpu::row_layout();
+}
+
 #define KPOOL_DISPATCH(name, Stages)                        \
     void name(Stages &s, const BuildPlan &plan) {           \
         require_cpu(plan, #name);                           \

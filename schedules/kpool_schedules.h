@@ -22,8 +22,11 @@ struct BuildPlan {
     std::string gpu;  // "", "sm80", "sm90"
 };
 
+// The row layout (lanes x values) each target's schedules are written for.
+RowLayout row_layout(const BuildPlan &plan);
+
 struct FwhtStages {
-    Var d, row;
+    Var d{"d"}, row{"row"}, v{"v"}, lane{"lane"};
     RotateQuant rotate;
     Func codes, scale;  // the outputs
 };
@@ -31,13 +34,13 @@ struct FwhtStages {
 // Softmax-pool compress of n pools, written to the cache (the output's
 // update over `write`: byte, word, pool) or returned as rows.
 struct CompressToCacheStages {
-    Var d, j, pool;
+    Var d{"d"}, j{"j"}, pool{"pool"}, v{"v"}, lane{"lane"};
     CompressPool compress;
     Func cache;
     RDom write;
 };
 struct CompressToRowsStages {
-    Var d, j, pool;
+    Var d{"d"}, j{"j"}, pool{"pool"}, v{"v"}, lane{"lane"};
     CompressPool compress;
     Func codes, scale;
 };
@@ -50,7 +53,7 @@ struct SeedTailStages {
 // Decode: completions written to the cache over `write`
 // (byte, word, token, request), then stashes into the ring.
 struct DecodeWriteStages {
-    Var d, j, token, request;
+    Var d{"d"}, j{"j"}, token{"token"}, request{"request"}, v{"v"}, lane{"lane"};
     Func ring_writer;  // index of the token of this call that last stashed a ring slot
     CompressPool compress;
     Func cache;
@@ -63,12 +66,12 @@ struct DecodeStashStages {
 
 // The expand family: one int32 output over (col, row).
 struct ExpandStages {
-    Var col, row;
+    Var col{"col"}, row{"row"};
     Func out;
 };
 
 struct NumericsProbeStages {
-    Var i;
+    Var i{"i"};
     std::vector<Func> outputs;
 };
 
