@@ -1,12 +1,19 @@
-# kpool_add_kernel(<function> GENERATOR <gen> [PARAMS k=v ...])
+# kpool_add_kernel(<function> GENERATOR <gen> DEVICE <cpu|sm80|sm90> [PARAMS k=v ...])
 #
-# One ahead-of-time kernel variant for the host CPU: a static library whose
-# function is <function>, built from generator <gen> of kpool_generators with
-# the project's CPU target, sharing the one Halide runtime (kpool_halide_runtime).
-# Every variant is recorded in KPOOL_KERNEL_LIBS, and in KPOOL_VARIANTS_INC
-# when it carries a VARIANT line for the runtime's dispatch table.
+# One ahead-of-time kernel variant: a static library whose function is
+# <function>, built from generator <gen> of kpool_generators for the host CPU
+# or for a CUDA GPU family (the schedule in schedules/ tuned for it), sharing
+# the one Halide runtime (kpool_halide_runtime). Every variant is recorded in
+# KPOOL_KERNEL_LIBS, and in the dispatch table when it carries a VARIANT line.
 function(kpool_add_kernel function)
-    cmake_parse_arguments(ARG "" "GENERATOR;VARIANT" "PARAMS" ${ARGN})
+    cmake_parse_arguments(ARG "" "GENERATOR;VARIANT;DEVICE" "PARAMS" ${ARGN})
+    if (ARG_DEVICE STREQUAL "cpu")
+        set(features ${KPOOL_CPU_FEATURES})
+        set(params ${ARG_PARAMS})
+    else ()
+        set(features ${KPOOL_CUDA_FEATURES})
+        set(params ${ARG_PARAMS} gpu=${ARG_DEVICE})
+    endif ()
     set(extra_outputs)
     if (KPOOL_INSPECT)
         set(extra_outputs STMT_HTML ASSEMBLY)
@@ -15,19 +22,19 @@ function(kpool_add_kernel function)
                        GENERATOR ${ARG_GENERATOR}
                        FUNCTION_NAME ${function}
                        TARGETS ${KPOOL_CPU_TARGET}
-                       FEATURES ${KPOOL_CPU_FEATURES}
-                       PARAMS ${ARG_PARAMS}
+                       FEATURES ${features}
+                       PARAMS ${params}
                        USE_RUNTIME kpool_halide_runtime
                        ${extra_outputs})
     set_property(GLOBAL APPEND PROPERTY KPOOL_KERNEL_LIBS ${function})
     if (ARG_VARIANT)
-        set_property(GLOBAL APPEND PROPERTY KPOOL_VARIANT_LINES "${ARG_VARIANT}")
+        set_property(GLOBAL APPEND PROPERTY KPOOL_VARIANT_LINES "${ARG_DEVICE}, ${ARG_VARIANT}")
         set_property(GLOBAL APPEND PROPERTY KPOOL_VARIANT_HEADERS "${function}.h")
     endif ()
 endfunction()
 
 # Writes the dispatch table the runtime includes: every kernel header, then
-# one X-macro line per variant: X(kind, pool_size or 0, element type or none, function).
+# one X-macro line per variant: X(device, kind, pool_size or 0, element type or none, function).
 function(kpool_write_variant_table file)
     get_property(lines GLOBAL PROPERTY KPOOL_VARIANT_LINES)
     get_property(headers GLOBAL PROPERTY KPOOL_VARIANT_HEADERS)

@@ -10,27 +10,28 @@ class Fwht128QuantFp8 : public Generator<Fwht128QuantFp8> {
 public:
     GeneratorParam<std::string> gpu{"gpu", ""};
 
-    Input<Buffer<uint16_t, 2>> q{"q"};            // (d, row) bf16 bits
-    Output<Buffer<uint8_t, 2>> q_fp8{"q_fp8"};    // (d, row) e4m3 bits
-    Output<Buffer<float, 1>> q_scale{"q_scale"};  // (row)
+    Input<Buffer<uint16_t, 2>> q{"q"};  // (d, row) bf16 bits
+    // (d, row): e4m3 codes, and the row's f32 scale through a buffer whose
+    // d stride is 0 (the caller's [rows, 1] scales): one pass writes both.
+    Output<Func> quantized{"quantized", {UInt(8), Float(32)}, 2};
 
     void generate() {
         FwhtStages &s = stages;
         Func x{"q_f32"};
         x(s.d, s.row) = bf16_to_f32(q(s.d, s.row));
         s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, row_layout({get_target(), gpu}), Expr(true));
-        q_fp8(s.d, s.row) = s.rotate.quant.codes(s.d, s.row);
-        q_scale(s.row) = s.rotate.quant.scale(s.row);
+        quantized(s.d, s.row) = Tuple(s.rotate.quant.codes(s.d, s.row), s.rotate.quant.scale(s.d, s.row));
 
         q.dim(0).set_bounds(0, kHeadDim);
-        q_fp8.dim(0).set_bounds(0, kHeadDim);
-        q_fp8.dim(1).set_min(0);
-        q_scale.dim(0).set_bounds(0, q_fp8.dim(1).extent()).set_stride(Expr());
+        // Both views share the first's bounds; the scales' d stride is 0.
+        std::vector<OutputImageParam> views = Func(quantized).output_buffers();
+        views[0].dim(0).set_bounds(0, kHeadDim);
+        views[0].dim(1).set_min(0);
+        views[1].dim(0).set_stride(0);
     }
 
     void schedule() {
-        stages.codes = q_fp8;
-        stages.scale = q_scale;
+        stages.out = quantized;
         schedule_fwht(stages, {get_target(), gpu});
     }
 

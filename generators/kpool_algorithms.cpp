@@ -105,15 +105,17 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
     for (int bit = 1; bit < L; bit *= 2) {
         Partner p = partner(lane, bit, L);
         Func stage{"absmax_lanes" + std::to_string(bit)};
-        stage(lane_args(lane, rows)) =
-            max(prev(with_first(lane, rows)), prev(with_first(select(p.low_side, p.upper, p.lower), rows)));
+        // Two affine reads, not one read at a selected index: on a GPU each
+        // lowers to a warp shuffle.
+        Expr other = select(p.low_side, prev(with_first(p.upper, rows)), prev(with_first(p.lower, rows)));
+        stage(lane_args(lane, rows)) = max(prev(with_first(lane, rows)), other);
         q.absmax_stages.push_back(stage);
         prev = stage;
     }
     q.lane_scale = Func{"lane_fp8_scale"};
     q.lane_scale(lane_args(lane, rows)) = fp8_scale(prev(with_first(lane, rows)), round_scale);
     q.scale = Func{"fp8_scale"};
-    q.scale(rows) = q.lane_scale(with_first(0, rows));
+    q.scale(with_d(d, rows)) = q.lane_scale(with_first(d / V, rows));
     q.codes = Func{"e4m3_codes"};
     // x / scale is a true division: without round_scale the scale is no
     // power of two and the reference divides, it does not multiply.
@@ -135,7 +137,7 @@ RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &l
 }
 
 SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
-                         const Var &j, const std::vector<Var> &rows) {
+                         const Var &j, const std::vector<Var> &rows, const RoundingBarrier &round) {
     SoftmaxPool s;
     s.logit = Func{"logit"};
     s.logit(lane_args(d, j, rows)) = score(with_two(d, j, rows)) + ape(d, j);
@@ -152,13 +154,13 @@ SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Va
 
     s.weight = Func{"softmax_weight"};
     s.weight(lane_args(d, j, rows)) =
-        exp_f32_correctly_rounded(s.logit(with_two(d, j, rows)) - s.max_logit(with_first(d, rows)));
+        exp_f32_correctly_rounded(s.logit(with_two(d, j, rows)) - s.max_logit(with_first(d, rows)), round);
 
     Expr numerator = 0.0f, denominator = 0.0f;
     for (int slot = 0; slot < pool_size; slot++) {
         Expr p = s.weight(with_two(d, slot, rows));
         denominator = denominator + p;
-        numerator = numerator + key(with_two(d, slot, rows)) * p;
+        numerator = numerator + round(key(with_two(d, slot, rows)) * p);
     }
     s.weighted_sum = Func{"weighted_sum"};
     s.weighted_sum(with_d(d, rows)) = Tuple(numerator, denominator);
@@ -170,9 +172,9 @@ SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Va
 
 CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d, const Var &j,
                            const Var &v, const Var &lane, const std::vector<Var> &rows,
-                           const RowLayout &layout, Expr round_scale) {
+                           const RowLayout &layout, Expr round_scale, const RoundingBarrier &round) {
     CompressPool c;
-    c.pool = softmax_pool(key, score, ape, pool_size, d, j, rows);
+    c.pool = softmax_pool(key, score, ape, pool_size, d, j, rows, round);
     c.pooled_bf16 = Func{"pooled_bf16"};
     c.pooled_bf16(with_d(d, rows)) = round_to_bf16(c.pool.pooled(with_d(d, rows)));
     c.rotate = rotate_quantize(c.pooled_bf16, d, v, lane, rows, layout, round_scale);
@@ -186,18 +188,13 @@ CacheSlot cache_slot(Expr loc, Expr page_size, Expr num_pages) {
     return {page, token};
 }
 
-Expr cache_word_offset(const CacheSlot &slot, Expr page_size, Expr word) {
-    Expr codes_at = slot.token * kHeadDim + word * 4;
-    Expr scale_at = page_size * kHeadDim + slot.token * 4;
-    return select(word < kHeadDim / 4, codes_at, scale_at);
-}
-
-Expr cache_row_byte(const Fp8Row &quant, const std::vector<Expr> &row, Expr word, Expr byte) {
-    std::vector<Expr> code_args{min(word * 4 + byte, kHeadDim - 1)};
-    code_args.insert(code_args.end(), row.begin(), row.end());
-    Expr scale_bits = reinterpret<uint32_t>(quant.scale(row));
-    Expr scale_byte = cast<uint8_t>(scale_bits >> (cast<uint32_t>(byte) * 8));
-    return select(word < kHeadDim / 4, quant.codes(code_args), scale_byte);
+void constrain_cache_views(std::vector<OutputImageParam> &views) {
+    // The scales view shares the codes view's bounds (Halide makes it so).
+    views[0].dim(0).set_bounds(0, kHeadDim);
+    views[0].dim(1).set_min(0).set_stride(kHeadDim);
+    views[0].dim(2).set_min(0);
+    views[1].dim(0).set_stride(0);
+    views[1].dim(1).set_stride(1);
 }
 
 TailSlot tail_slot(Expr tslot, Expr ring, Expr num_blocks) {

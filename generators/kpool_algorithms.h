@@ -50,7 +50,7 @@ struct Fp8Row {
     Func lane_absmax;                // (lane, rows...)
     std::vector<Func> absmax_stages;  // butterfly over lanes
     Func lane_scale;                 // (lane, rows...) f32, equal on every lane
-    Func scale;                      // (rows...) f32
+    Func scale;                      // (d, rows...) f32: the row's scale, seen from element d
     Func codes;                      // (d, rows...) e4m3 bits
 };
 Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, const std::vector<Var> &rows,
@@ -78,7 +78,7 @@ struct SoftmaxPool {
     Func pooled;        // (d, rows...)
 };
 SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
-                         const Var &j, const std::vector<Var> &rows);
+                         const Var &j, const std::vector<Var> &rows, const RoundingBarrier &round);
 
 // The compress path: softmax pool -> bf16 -> Hadamard-128 -> bf16 -> fp8.
 struct CompressPool {
@@ -88,13 +88,13 @@ struct CompressPool {
 };
 CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d, const Var &j,
                            const Var &v, const Var &lane, const std::vector<Var> &rows,
-                           const RowLayout &layout, Expr round_scale);
+                           const RowLayout &layout, Expr round_scale, const RoundingBarrier &round);
 
-// Cache addressing (SPEC "Memory layouts"). The K cache is seen by the
-// kernels as bytes (byte_in_page, page); a pool's row is 33 little-endian
-// 4-byte words: words 0..31 hold its 128 codes at token*128 in the page,
-// word 32 its f32 scale at page_size*128 + token*4.
-constexpr int kCacheRowWords = kCacheRowBytes / 4;
+// Cache addressing (SPEC "Memory layouts"). The kernels see the planar K
+// cache as two views of the same bytes, written together as one Tuple:
+//   codes  (d, token, page): uint8 at page*stride + token*128 + d
+//   scales (d, token, page): f32 at page*stride + page_size*128 + token*4,
+//                            stride 0 along d (every d names the row's scale)
 struct CacheSlot {
     Expr page;   // int32
     Expr token;  // int32, slot inside the page
@@ -102,9 +102,8 @@ struct CacheSlot {
 // loc >= 0 is a flat slot; the clamps only bound the compiler's view,
 // the runtime has already checked loc against the cache.
 CacheSlot cache_slot(Expr loc, Expr page_size, Expr num_pages);
-Expr cache_word_offset(const CacheSlot &slot, Expr page_size, Expr word);
-// Byte `byte` (0..3) of word `word` of the cache row of quantized row `row`.
-Expr cache_row_byte(const Fp8Row &quant, const std::vector<Expr> &row, Expr word, Expr byte);
+// The views' shape: 128 codes per slot, one scale per slot broadcast over d.
+void constrain_cache_views(std::vector<Halide::OutputImageParam> &views);
 
 // Tail ring addressing: tslot = block * ring + position in ring.
 struct TailSlot {

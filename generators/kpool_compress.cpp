@@ -45,36 +45,43 @@ protected:
         slot_score.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool},
-                             row_layout({this->get_target(), gpu}), round_scale);
+                             row_layout({this->get_target(), gpu}), round_scale,
+                             rounding_barrier(slot_k.dim(2).stride()));
     }
 };
 
 class CompressToCache : public CompressBase<CompressToCache> {
 public:
-    Input<Buffer<int64_t, 1>> loc{"loc"};              // (pool)
+    Input<Buffer<int64_t, 1>> loc{"loc"};                // (pool)
     Input<Buffer<uint8_t, 1>> write_mask{"write_mask"};  // (pool); stride 0 when absent
-    Output<Buffer<uint8_t, 2>> cache{"cache"};         // (byte_in_page, page), in place
+    // The K cache in place, as (codes, scales) views (kpool_algorithms.h).
+    Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
 
     void generate() {
         CompressToCacheStages &s = stages;
         s.compress = define_compress(s);
+        const Fp8Row &quant = s.compress.rotate.quant;
 
-        Expr page_size = cache.dim(0).extent() / kCacheRowBytes;
-        Expr num_pools = slot_k.dim(2).extent();
+        std::vector<OutputImageParam> views = Func(cache).output_buffers();
+        Expr page_size = views[0].dim(1).extent(), num_pages = views[0].dim(2).extent();
         // Only the targeted rows change: the rest of the cache is left as is.
-        Var byte_in_page{"byte_in_page"}, page{"page"};
-        cache(byte_in_page, page) = undef<uint8_t>();
-        s.write = RDom(0, 4, 0, kCacheRowWords, 0, num_pools, "write");
-        Expr byte = s.write.x, word = s.write.y, pool = s.write.z;
+        Var d{"d"}, token{"token"}, page{"page"};
+        cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
         // Pools past the batch read as "no write", so schedules may split freely.
         Func locs = BoundaryConditions::constant_exterior(loc, cast<int64_t>(-1));
         Func writes = BoundaryConditions::constant_exterior(write_mask, cast<uint8_t>(0));
-        s.write.where(writes(pool) != 0 && locs(pool) >= 0);
+        s.write = RDom(0, kHeadDim, 0, slot_k.dim(2).extent(), "write");
+        Expr dim = s.write.x, pool = s.write.y;
+        // Out-of-range locs write nothing: device-side indices are not
+        // checked on the host.
+        Expr slots = cast<int64_t>(page_size) * cast<int64_t>(num_pages);
+        s.write.where(writes(pool) != 0 && locs(pool) >= 0 && locs(pool) < slots);
+        CacheSlot slot = cache_slot(locs(pool), page_size, num_pages);
+        cache(dim, slot.token, slot.page) = Tuple(quant.codes(dim, pool), quant.scale(dim, pool));
+
         loc.dim(0).set_stride(Expr());
         write_mask.dim(0).set_stride(Expr());  // 0 when absent
-        CacheSlot slot = cache_slot(locs(pool), page_size, cache.dim(1).extent());
-        cache(cache_word_offset(slot, page_size, word) + byte, slot.page) =
-            cache_row_byte(s.compress.rotate.quant, {pool}, word, byte);
+        constrain_cache_views(views);
     }
 
     void schedule() {
@@ -88,22 +95,23 @@ private:
 
 class CompressToRows : public CompressBase<CompressToRows> {
 public:
-    Output<Buffer<uint8_t, 2>> compressed_k{"compressed_k"};        // (d, pool)
-    Output<Buffer<float, 1>> compressed_scale{"compressed_scale"};  // (pool)
+    // (d, pool): e4m3 codes and the pool's scale (d stride 0), as in fwht.
+    Output<Func> compressed{"compressed", {UInt(8), Float(32)}, 2};
 
     void generate() {
         CompressToRowsStages &s = stages;
         s.compress = define_compress(s);
-        compressed_k(s.d, s.pool) = s.compress.rotate.quant.codes(s.d, s.pool);
-        compressed_scale(s.pool) = s.compress.rotate.quant.scale(s.pool);
-        compressed_k.dim(0).set_bounds(0, kHeadDim);
-        compressed_k.dim(1).set_min(0);
-        compressed_scale.dim(0).set_bounds(0, compressed_k.dim(1).extent()).set_stride(Expr());
+        const Fp8Row &quant = s.compress.rotate.quant;
+        compressed(s.d, s.pool) = Tuple(quant.codes(s.d, s.pool), quant.scale(s.d, s.pool));
+        // Both views share the first's bounds; the scales' d stride is 0.
+        std::vector<OutputImageParam> views = Func(compressed).output_buffers();
+        views[0].dim(0).set_bounds(0, kHeadDim);
+        views[0].dim(1).set_min(0);
+        views[1].dim(0).set_stride(0);
     }
 
     void schedule() {
-        stages.codes = compressed_k;
-        stages.scale = compressed_scale;
+        stages.out = compressed;
         schedule_compress_to_rows(stages, {get_target(), gpu});
     }
 

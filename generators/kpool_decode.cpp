@@ -39,7 +39,8 @@ public:
     Input<Buffer<int32_t, 2>> slot_mapping{"slot_mapping"};
     Input<Buffer<int32_t, 2>> positions{"positions"};
     Input<bool> round_scale{"round_scale"};
-    Output<Buffer<uint8_t, 2>> cache{"cache"};  // (byte_in_page, page), in place
+    // The K cache in place, as (codes, scales) views (kpool_algorithms.h).
+    Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
 
     void generate() {
         DecodeWriteStages &s = stages;
@@ -77,22 +78,29 @@ public:
         member_key(s.d, s.j, t, b) = member(key, 0);
         member_score(s.d, s.j, t, b) = member(slot_score, 1);
         s.compress = compress_pool(member_key, member_score, ape, P, s.d, s.j, s.v, s.lane, {t, b},
-                                   row_layout({get_target(), gpu}), round_scale);
+                                   row_layout({get_target(), gpu}), round_scale,
+                                   rounding_barrier(key.dim(2).stride()));
 
         // A completion needs a tail block: with tail_slot < 0 the reference
         // would read block 0 (another request's); we write nothing and the
         // runtime reports it.
-        Var byte_in_page{"byte_in_page"}, page{"page"};
-        cache(byte_in_page, page) = undef<uint8_t>();
-        s.write = RDom(0, 4, 0, kCacheRowWords, 0, next_n, 0, key.dim(2).extent(), "write");
-        Expr byte = s.write.x, word = s.write.y, wt = s.write.z, wb = s.write[3];
+        std::vector<OutputImageParam> views = Func(cache).output_buffers();
+        Var d{"d"}, token{"token"}, page{"page"};
+        cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
+        s.write = RDom(0, kHeadDim, 0, next_n, 0, key.dim(2).extent(), "write");
+        Expr dim = s.write.x, wt = s.write.y, wb = s.write.z;
         DecodeToken w = decode_token(positions, tail_slot_mapping, wt, wb);
         Expr loc = slot_mapping(wt, wb);
-        s.write.where(loc >= 0 && w.position >= 0 && w.position % P == P - 1 && w.tail_slot >= 0);
-        Expr page_size = cache.dim(0).extent() / kCacheRowBytes;
-        CacheSlot slot = cache_slot(loc, page_size, cache.dim(1).extent());
-        cache(cache_word_offset(slot, page_size, word) + byte, slot.page) =
-            cache_row_byte(s.compress.rotate.quant, {wt, wb}, word, byte);
+        // Out-of-range slots and tail blocks write nothing (device-side
+        // indices are not checked on the host).
+        Expr slots = cast<int64_t>(views[0].dim(1).extent()) * cast<int64_t>(views[0].dim(2).extent());
+        Expr in_tail = cast<int64_t>(w.tail_slot) / cast<int64_t>(ring) < cast<int64_t>(tail.dim(3).extent());
+        s.write.where(loc >= 0 && cast<int64_t>(loc) < slots && w.position >= 0 && w.position % P == P - 1 &&
+                      w.tail_slot >= 0 && in_tail);
+        CacheSlot slot = cache_slot(loc, views[0].dim(1).extent(), views[0].dim(2).extent());
+        const Fp8Row &quant = s.compress.rotate.quant;
+        cache(dim, slot.token, slot.page) = Tuple(quant.codes(dim, wt, wb), quant.scale(dim, wt, wb));
+        constrain_cache_views(views);
 
         tail.dim(0).set_bounds(0, kHeadDim);
         tail.dim(1).set_stride(kHeadDim);
@@ -133,7 +141,7 @@ public:
         r = RDom(0, kHeadDim, 0, 2, 0, key.dim(1).extent(), 0, key.dim(2).extent(), "stash");
         Expr t = r.z, b = r[3];
         DecodeToken tok = decode_token(positions, tail_slot_mapping, t, b);
-        r.where(tok.stashes);
+        r.where(tok.stashes && tok.tail_slot / ring < tail.dim(3).extent());
         tail_slot_mapping.dim(0).set_stride(Expr());
         positions.dim(0).set_stride(Expr());
         // The ring position comes from the token's position, the block from

@@ -1,5 +1,7 @@
 #include "kpool_numerics.h"
 
+#include <limits>
+
 using namespace Halide;
 
 namespace kpool {
@@ -70,7 +72,18 @@ Expr f64(double v) {
 
 }  // namespace
 
-Expr exp_f32_correctly_rounded(Expr x) {
+RoundingBarrier rounding_barrier(Expr buffer_stride) {
+    return {select(buffer_stride == -std::numeric_limits<int32_t>::max(), cast<uint32_t>(1), cast<uint32_t>(0))};
+}
+
+Expr RoundingBarrier::operator()(Expr product) const {
+    if (product.type() == Float(64)) {
+        return reinterpret<double>(reinterpret<uint64_t>(product) | cast<uint64_t>(opaque_zero));
+    }
+    return reinterpret<float>(reinterpret<uint32_t>(product) | opaque_zero);
+}
+
+Expr exp_f32_correctly_rounded(Expr x, const RoundingBarrier &round) {
     const double ln2_hi = 6.93147180369123816490e-01;  // high 32 bits of ln 2
     const double ln2_lo = 1.90821492927058770002e-10;
     Expr xd = cast<double>(x);
@@ -78,8 +91,8 @@ Expr exp_f32_correctly_rounded(Expr x) {
     // leave the f64 exponent range).
     Expr in_range = xd > f64(-104.0) && xd < f64(89.0);
     Expr xc = clamp(xd, f64(-104.0), f64(89.0));
-    Expr n = floor(xc * f64(1.4426950408889634) + f64(0.5));
-    Expr r = (xc - n * f64(ln2_hi)) - n * f64(ln2_lo);
+    Expr n = floor(round(xc * f64(1.4426950408889634)) + f64(0.5));
+    Expr r = (xc - round(n * f64(ln2_hi))) - round(n * f64(ln2_lo));
     // Horner form of sum_{k=0}^{13} r^k / k!.
     Expr p = f64(1.0 / 6227020800.0);
     const double inv_fact[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
@@ -88,7 +101,7 @@ Expr exp_f32_correctly_rounded(Expr x) {
                                1.0 / 6.0,         0.5,              1.0,
                                1.0};
     for (double c : inv_fact) {
-        p = p * r + f64(c);
+        p = round(p * r) + f64(c);
     }
     Expr two_n = reinterpret<double>(cast<uint64_t>(cast<int64_t>(n) + 1023) << 52);
     Expr y = cast<float>(p * two_n);

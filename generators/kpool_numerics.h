@@ -36,9 +36,21 @@ Halide::Expr e4m3_encode(Halide::Expr x);
 Halide::Expr fp8_scale(Halide::Expr absmax, Halide::Expr round_scale);
 Halide::Expr ue8m0_scale(Halide::Expr m);
 
+// GPU code is compiled with floating-point contraction on, so a*b + c may
+// become one fma, whatever strict_float says. The contract rounds every
+// product. A barrier ORs the product's bits with an integer the compiler
+// cannot prove is 0 (`opaque_zero`: whether a buffer's outer stride is
+// -INT32_MAX, which no buffer kpool passes has), so the product is rounded on
+// its own.
+struct RoundingBarrier {
+    Halide::Expr opaque_zero;  // uint32 0 at run time
+    Halide::Expr operator()(Halide::Expr product) const;
+};
+RoundingBarrier rounding_barrier(Halide::Expr buffer_stride);
+
 // exp(x) for f32 x, correctly rounded: evaluated in f64 with a degree-13
 // Taylor polynomial on |r| <= ln2/2 (relative error < 1e-17) and rounded once
 // to f32. Platform expf and Halide's own exp are not correctly rounded.
-Halide::Expr exp_f32_correctly_rounded(Halide::Expr x);
+Halide::Expr exp_f32_correctly_rounded(Halide::Expr x, const RoundingBarrier &round);
 
 }  // namespace kpool

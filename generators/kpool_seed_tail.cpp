@@ -34,7 +34,8 @@ public:
         Expr slot = cast<int64_t>(slots(i));
         Expr ahead = cast<int64_t>(slots(i + pool_size));
         Expr same_block = ahead >= 0 && ahead / cast<int64_t>(ring) == slot / cast<int64_t>(ring);
-        r.where(slot >= 0 && !same_block);
+        Expr in_tail = slot / cast<int64_t>(ring) < cast<int64_t>(tail.dim(3).extent());
+        r.where(slot >= 0 && in_tail && !same_block);
         TailSlot at = tail_slot(slot, ring, tail.dim(3).extent());
         tail(r.x, at.ring_pos, r.y, at.block) = select(r.y == 0, key(r.x, i), gate_score(r.x, i));
 

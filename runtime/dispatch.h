@@ -22,15 +22,16 @@ enum class Kernel {
 };
 
 using AnyKernel = void (*)();
-// The variant's function, or NULL when none was built for (pool_size, type).
-AnyKernel find_kernel(Kernel kind, int pool_size, const char *type);
+// The variant's function for `device` ("cpu", "sm80", "sm90"), or NULL when
+// none was built for (pool_size, type).
+AnyKernel find_kernel(const char *device, Kernel kind, int pool_size, const char *type);
 
 template <typename Fn>
-Fn *kernel(Kernel kind, const char *op, int pool_size, const char *type) {
-    AnyKernel k = find_kernel(kind, pool_size, type);
+Fn *kernel(const char *device, Kernel kind, const char *op, int pool_size, const char *type) {
+    AnyKernel k = find_kernel(device, kind, pool_size, type);
     if (k == nullptr) {
-        unsupported() << op << ": no kernel variant was built for pool_size = " << pool_size
-                      << ", type " << type << " (see KPOOL_POOL_SIZES)";
+        unsupported() << op << ": no " << device << " kernel variant was built for pool_size = " << pool_size
+                      << ", type " << type << " (see KPOOL_POOL_SIZES / KPOOL_CUDA_POOL_SIZES)";
     }
     return reinterpret_cast<Fn *>(k);
 }

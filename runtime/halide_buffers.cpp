@@ -36,11 +36,24 @@ HalideBuffer wrap(const TensorArg &a) {
     return make(element_type(a.t->dtype), a.t->data, dims);
 }
 
-HalideBuffer wrap_kv_cache(const TensorArg &kv_cache) {
-    int64_t page_bytes = kv_cache.dim(1) * (KPOOL_HEAD_DIM + 4);
-    return make(halide_type_of<uint8_t>(), kv_cache.t->data,
-                {halide_dimension_t(0, i32(page_bytes), 1),
-                 halide_dimension_t(0, i32(kv_cache.dim(0)), i32(kv_cache.stride(0)))});
+CacheViews wrap_kv_cache(const TensorArg &kv_cache) {
+    const int32_t block_size = i32(kv_cache.dim(1)), pages = i32(kv_cache.dim(0));
+    const int32_t page_stride = i32(kv_cache.dim(0) > 1 ? kv_cache.stride(0) : kv_cache.dim(1) * (KPOOL_HEAD_DIM + 4));
+    uint8_t *base = static_cast<uint8_t *>(kv_cache.t->data);
+    CacheViews v;
+    v.codes = make(halide_type_of<uint8_t>(), base,
+                   {halide_dimension_t(0, KPOOL_HEAD_DIM, 1), halide_dimension_t(0, block_size, KPOOL_HEAD_DIM),
+                    halide_dimension_t(0, pages, page_stride)});
+    v.scales = make(halide_type_of<float>(), base + int64_t(block_size) * KPOOL_HEAD_DIM,
+                    {halide_dimension_t(0, KPOOL_HEAD_DIM, 0), halide_dimension_t(0, block_size, 1),
+                     halide_dimension_t(0, pages, page_stride / 4)});
+    return v;
+}
+
+HalideBuffer wrap_row_scales(const TensorArg &scales) {
+    return make(halide_type_of<float>(), scales.t->data,
+                {halide_dimension_t(0, KPOOL_HEAD_DIM, 0),
+                 halide_dimension_t(0, i32(scales.dim(0)), i32(scales.dim(0) > 1 ? scales.stride(0) : 1))});
 }
 
 HalideBuffer wrap_tail(const TensorArg &tail) {
@@ -49,21 +62,6 @@ HalideBuffer wrap_tail(const TensorArg &tail) {
                  halide_dimension_t(0, i32(tail.dim(2)), KPOOL_HEAD_DIM),
                  halide_dimension_t(0, 2, i32(tail.stride(1))),
                  halide_dimension_t(0, i32(tail.dim(0)), i32(tail.stride(0)))});
-}
-
-HalideBuffer broadcast_u8(const uint8_t *value, int64_t extent) {
-    return make(halide_type_of<uint8_t>(), const_cast<uint8_t *>(value),
-                {halide_dimension_t(0, i32(extent), 0)});
-}
-
-HalideBuffer broadcast_i32(const int32_t *value, int64_t cols, int64_t rows) {
-    return make(halide_type_of<int32_t>(), const_cast<int32_t *>(value),
-                {halide_dimension_t(0, i32(cols), 0), halide_dimension_t(0, i32(rows), 0)});
-}
-
-HalideBuffer broadcast_i64(const int64_t *value, int64_t extent) {
-    return make(halide_type_of<int64_t>(), const_cast<int64_t *>(value),
-                {halide_dimension_t(0, i32(extent), 0)});
 }
 
 }  // namespace kpool::rt

@@ -2,11 +2,10 @@
 // the kernel variant. Nothing is written before validation has passed.
 #include <cstdio>
 #include <string>
+#include <vector>
 
-#include "dispatch.h"
-#include "halide_buffers.h"
 #include "kpool/kpool.h"
-#include "kernel_signatures.h"
+#include "placement.h"
 
 namespace kpool::rt {
 
@@ -120,22 +119,28 @@ HalideBuffer wrap_vector(const TensorArg &a) {
 const char *index_type(const TensorArg &a) { return a.t->dtype == KPOOL_DTYPE_INT64 ? "int64" : "int32"; }
 
 // Optional page table [rows, W >= 1] or offsets [rows] / [rows, 1], not both.
-struct TokenMap {
+// The optional tensors, validated; the buffers are made by bind().
+struct TokenMapArgs {
     int mode = 0;  // 0 identity, 1 page table, 2 offsets (kpool_expand.cpp)
-    HalideBuffer page_table, offsets;
+    TensorArg page_table{}, offsets{};
+    std::vector<const TensorArg *> present() const {
+        if (mode == 1) return {&page_table};
+        if (mode == 2) return {&offsets};
+        return {};
+    }
+    void bind(const Placement &where, int64_t rows, HalideBuffer &table, HalideBuffer &offs) const {
+        table = mode == 1 ? wrap(page_table) : where.no_page_table(rows);
+        offs = mode == 2 ? wrap_vector(offsets) : where.no_offsets(rows);
+        if (mode == 1) where.attach(table);
+        if (mode == 2) where.attach(offs);
+    }
 };
 
-const int32_t kNoTable = 0;
-const int64_t kNoOffset = 0;
-const uint8_t kAllTrue = 1;
-
-TokenMap token_map(const kpool_tensor *page_table, const kpool_tensor *topk_offsets, int64_t rows) {
-    TokenMap m;
+TokenMapArgs token_map(const kpool_tensor *page_table, const kpool_tensor *topk_offsets, int64_t rows) {
+    TokenMapArgs m;
     if (page_table != nullptr && topk_offsets != nullptr) {
         invalid() << "page_table and topk_offsets are both given; pass at most one";
     }
-    m.page_table = broadcast_i32(&kNoTable, 1, rows);
-    m.offsets = broadcast_i64(&kNoOffset, rows);
     if (page_table != nullptr) {
         TensorArg pt = require_tensor("page_table", page_table, {KPOOL_DTYPE_INT32}, 2);
         if (pt.dim(0) != rows || pt.dim(1) < 1) {
@@ -144,7 +149,7 @@ TokenMap token_map(const kpool_tensor *page_table, const kpool_tensor *topk_offs
         }
         require_int32_strides(pt);
         m.mode = 1;
-        m.page_table = wrap(pt);
+        m.page_table = pt;
     } else if (topk_offsets != nullptr) {
         TensorArg off = require_tensor_ranks("topk_offsets", topk_offsets, {KPOOL_DTYPE_INT64}, {1, 2});
         require_dim(off, 0, rows, "rows");
@@ -153,7 +158,7 @@ TokenMap token_map(const kpool_tensor *page_table, const kpool_tensor *topk_offs
         }
         require_int32_strides(off);
         m.mode = 2;
-        m.offsets = wrap_vector(off);
+        m.offsets = off;
     }
     return m;
 }
@@ -214,7 +219,13 @@ const char *kpool_dtype_name(kpool_dtype dtype) {
     return "unknown dtype";
 }
 
-const char *kpool_version(void) { return "kpool " KPOOL_VERSION_STRING " (cpu)"; }
+const char *kpool_version(void) {
+#ifdef KPOOL_WITH_CUDA
+    return "kpool " KPOOL_VERSION_STRING " (cpu, cuda)";
+#else
+    return "kpool " KPOOL_VERSION_STRING " (cpu)";
+#endif
+}
 
 kpool_tensor kpool_tensor_contiguous(void *data, kpool_dtype dtype, int32_t ndim, const int64_t *shape) {
     kpool_tensor t{};
@@ -232,7 +243,7 @@ kpool_tensor kpool_tensor_contiguous(void *data, kpool_dtype dtype, int32_t ndim
 }
 
 kpool_status_code kpool_fwht128_quant_fp8(const kpool_tensor *q_, const kpool_tensor *q_fp8_,
-                                          const kpool_tensor *q_scale_, const kpool_exec *,
+                                          const kpool_tensor *q_scale_, const kpool_exec *exec,
                                           kpool_status *status) {
     return run(status, [&]() -> int64_t {
         TensorArg q = require_tensor("q", q_, {KPOOL_DTYPE_BFLOAT16}, 2);
@@ -248,12 +259,13 @@ kpool_status_code kpool_fwht128_quant_fp8(const kpool_tensor *q_, const kpool_te
             require_dim(q_scale, 1, 1, "[rows, 1]");
         }
         require_int32_strides(q_scale);
+        Placement where({&q, &q_fp8, &q_scale}, exec);
         if (q.dim(0) == 0) {
             return 0;
         }
-        auto *fn = kernel<FwhtFn>(Kernel::FWHT, "fwht128_quant_fp8", 0, "none");
-        HalideBuffer in = wrap(q), codes = wrap(q_fp8), scales = wrap_vector(q_scale);
-        check_halide(fn(in, codes, scales), "fwht128_quant_fp8");
+        HalideBuffer in = wrap(q), codes = wrap(q_fp8), scales = wrap_row_scales(q_scale);
+        where.launch(Kernel::FWHT, "fwht128_quant_fp8", 0, "none", where.attach(in).raw_buffer(),
+                     where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
         return 0;
     });
 }
@@ -262,7 +274,7 @@ kpool_status_code kpool_compress_and_write_cache(
     const kpool_tensor *kv_cache_, const kpool_tensor *slot_k_, const kpool_tensor *slot_score_,
     const kpool_tensor *ape_, const kpool_tensor *loc_, const kpool_tensor *write_mask_,
     const kpool_tensor *compressed_k_, const kpool_tensor *compressed_scale_, int32_t pool_size,
-    int32_t head_dim, int32_t round_scale, int32_t write_cache, const kpool_exec *, kpool_status *status) {
+    int32_t head_dim, int32_t round_scale, int32_t write_cache, const kpool_exec *exec, kpool_status *status) {
     return run(status, [&]() -> int64_t {
         require_head_dim(head_dim);
         TensorArg slot_k = require_tensor("slot_k", slot_k_, {KPOOL_DTYPE_BFLOAT16}, 3);
@@ -315,29 +327,44 @@ kpool_status_code kpool_compress_and_write_cache(
             require_int32_strides(compressed_scale);
         }
         TensorArg kv_cache{};
+        std::vector<const TensorArg *> args{&slot_k, &slot_score, &ape, &loc};
         if (write_cache) {
             kv_cache = require_kv_cache(kv_cache_);
+            args.push_back(&kv_cache);
+        }
+        if (mask) {
+            args.push_back(mask);
+        }
+        if (return_compressed) {
+            args.insert(args.end(), {&compressed_k, &compressed_scale});
+        }
+        Placement where(args, exec);
+        if (write_cache && where.on_host()) {
             require_locs_in_cache(loc, kv_cache, mask);
         }
         if (n == 0) {
             return 0;
         }
 
+        const char *op = "kpool_compress_and_write_cache";
         const char *score_type = slot_score.t->dtype == KPOOL_DTYPE_FLOAT32 ? "f32" : "bf16";
         HalideBuffer key = wrap(slot_k), score = wrap(slot_score), ape_b = wrap(ape);
+        where.attach(key), where.attach(score), where.attach(ape_b);
         if (write_cache) {
-            auto *fn = kernel<CompressToCacheFn>(Kernel::COMPRESS_TO_CACHE, "kpool_compress_and_write_cache",
-                                                 pool_size, score_type);
-            HalideBuffer locs = wrap(loc), cache = wrap_kv_cache(kv_cache);
-            HalideBuffer flags = mask ? wrap(*mask) : broadcast_u8(&kAllTrue, n);
-            check_halide(fn(key, score, ape_b, round_scale != 0, locs, flags, cache),
-                         "kpool_compress_and_write_cache");
+            HalideBuffer locs = wrap(loc), flags = mask ? wrap(*mask) : where.all_true(n);
+            if (mask) {
+                where.attach(flags);
+            }
+            CacheViews cache = wrap_kv_cache(kv_cache);
+            where.launch(Kernel::COMPRESS_TO_CACHE, op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
+                         ape_b.raw_buffer(), round_scale != 0, where.attach(locs).raw_buffer(), flags.raw_buffer(),
+                         where.attach(cache.codes).raw_buffer(), where.attach(cache.scales).raw_buffer());
         }
         if (return_compressed) {
-            auto *fn = kernel<CompressToRowsFn>(Kernel::COMPRESS_TO_ROWS, "kpool_compress_and_write_cache",
-                                                pool_size, score_type);
-            HalideBuffer codes = wrap(compressed_k), scales = wrap_vector(compressed_scale);
-            check_halide(fn(key, score, ape_b, round_scale != 0, codes, scales), "kpool_compress_and_write_cache");
+            HalideBuffer codes = wrap(compressed_k), scales = wrap_row_scales(compressed_scale);
+            where.launch(Kernel::COMPRESS_TO_ROWS, op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
+                         ape_b.raw_buffer(), round_scale != 0, where.attach(codes).raw_buffer(),
+                         where.attach(scales).raw_buffer());
         }
         return 0;
     });
@@ -345,7 +372,7 @@ kpool_status_code kpool_compress_and_write_cache(
 
 kpool_status_code kpool_seed_tail_cache(const kpool_tensor *tail_kv_cache_, const kpool_tensor *key_,
                                         const kpool_tensor *gate_score_, const kpool_tensor *tslot_,
-                                        int32_t pool_size, int32_t head_dim, const kpool_exec *,
+                                        int32_t pool_size, int32_t head_dim, const kpool_exec *exec,
                                         kpool_status *status) {
     return run(status, [&]() -> int64_t {
         require_head_dim(head_dim);
@@ -361,13 +388,17 @@ kpool_status_code kpool_seed_tail_cache(const kpool_tensor *tail_kv_cache_, cons
         TensorArg tslot = require_tensor("tslot", tslot_, {KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64}, 1);
         require_same_dim(tslot, 0, key, 0);
         require_int32_strides(tslot);
-        require_tslots_in_tail(tslot, tail);
+        Placement where({&tail, &key, &gate, &tslot}, exec);
+        if (where.on_host()) {
+            require_tslots_in_tail(tslot, tail);
+        }
         if (key.dim(0) == 0) {
             return 0;
         }
-        auto *fn = kernel<SeedTailFn>(Kernel::SEED_TAIL, "kpool_seed_tail_cache", 0, index_type(tslot));
         HalideBuffer k = wrap(key), g = wrap(gate), ts = wrap(tslot), t = wrap_tail(tail);
-        check_halide(fn(k, g, ts, pool_size, t), "kpool_seed_tail_cache");
+        where.launch(Kernel::SEED_TAIL, "kpool_seed_tail_cache", 0, index_type(tslot), where.attach(k).raw_buffer(),
+                     where.attach(g).raw_buffer(), where.attach(ts).raw_buffer(), int32_t(pool_size),
+                     where.attach(t).raw_buffer());
         return 0;
     });
 }
@@ -376,7 +407,7 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
     const kpool_tensor *kv_cache_, const kpool_tensor *tail_kv_cache_, const kpool_tensor *tail_slot_mapping_,
     const kpool_tensor *key_, const kpool_tensor *slot_score_, const kpool_tensor *ape_,
     const kpool_tensor *slot_mapping_, const kpool_tensor *positions_, int32_t pool_size, int32_t head_dim,
-    int32_t round_scale, const kpool_exec *, kpool_status *status) {
+    int32_t round_scale, const kpool_exec *exec, kpool_status *status) {
     return run(status, [&]() -> int64_t {
         require_head_dim(head_dim);
         require_pool_size(pool_size);
@@ -404,12 +435,16 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
         TensorArg tail_slots = per_token("tail_slot_mapping", tail_slot_mapping_);
         TensorArg slots = per_token("slot_mapping", slot_mapping_);
         TensorArg positions = per_token("positions", positions_);
-        require_locs_in_cache(slots, kv_cache, nullptr);
-        require_tslots_in_tail(tail_slots, tail);
-
-        // Completions without a tail block write nothing (SPEC, reference defects).
-        int64_t skipped = 0;
-        for (int64_t i = 0; i < key.dim(0) * key.dim(1); i++) {
+        Placement where({&kv_cache, &tail, &key, &score, &ape, &tail_slots, &slots, &positions}, exec);
+        // Completions without a tail block write nothing (SPEC, reference
+        // defects); on the host they are counted, on a device the count
+        // would need a copy back, so it is reported as -1.
+        int64_t skipped = where.on_host() ? 0 : -1;
+        if (where.on_host()) {
+            require_locs_in_cache(slots, kv_cache, nullptr);
+            require_tslots_in_tail(tail_slots, tail);
+        }
+        for (int64_t i = 0; where.on_host() && i < key.dim(0) * key.dim(1); i++) {
             int64_t pos = index_at(positions, i);
             skipped += index_at(slots, i) >= 0 && pos >= 0 && pos % pool_size == pool_size - 1 &&
                        index_at(tail_slots, i) < 0;
@@ -418,20 +453,26 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
             return skipped;
         }
         const char *op = "kpool_decode_update_and_maybe_write_cache_batched";
-        auto *write = kernel<DecodeWriteCacheFn>(Kernel::DECODE_WRITE_CACHE, op, pool_size, "bf16");
-        auto *stash = kernel<DecodeStashTailFn>(Kernel::DECODE_STASH_TAIL, op, 0, "none");
-        HalideBuffer t = wrap_tail(tail), ts = wrap(tail_slots), k = wrap(key), s = wrap(score),
-                     a = wrap(ape), sm = wrap(slots), pos = wrap(positions), cache = wrap_kv_cache(kv_cache);
-        // Completions read the ring as it was before this call's stashes.
-        check_halide(write(t, ts, k, s, a, sm, pos, round_scale != 0, cache), op);
-        check_halide(stash(ts, k, s, pos, t), op);
+        HalideBuffer t = wrap_tail(tail), ts = wrap(tail_slots), k = wrap(key), s = wrap(score), a = wrap(ape),
+                     sm = wrap(slots), pos = wrap(positions);
+        CacheViews cache = wrap_kv_cache(kv_cache);
+        for (HalideBuffer *b : {&t, &ts, &k, &s, &a, &sm, &pos, &cache.codes, &cache.scales}) {
+            where.attach(*b);
+        }
+        // Completions read the ring as it was before this call's stashes:
+        // the two kernels run in this order on the caller's stream.
+        where.launch(Kernel::DECODE_WRITE_CACHE, op, pool_size, "bf16", t.raw_buffer(), ts.raw_buffer(), k.raw_buffer(),
+                     s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(), pos.raw_buffer(), round_scale != 0,
+                     cache.codes.raw_buffer(), cache.scales.raw_buffer());
+        where.launch(Kernel::DECODE_STASH_TAIL, op, 0, "none", ts.raw_buffer(), k.raw_buffer(), s.raw_buffer(),
+                     pos.raw_buffer(), t.raw_buffer());
         return skipped;
     });
 }
 
 kpool_status_code kpool_expand_pools_and_append_tail(const kpool_tensor *pool_ids_, const kpool_tensor *seq_lens_,
                                                      const kpool_tensor *out_, int32_t pool_size,
-                                                     int32_t bound_pool_ids, const kpool_exec *,
+                                                     int32_t bound_pool_ids, const kpool_exec *exec,
                                                      kpool_status *status) {
     return run(status, [&]() -> int64_t {
         require_pool_size(pool_size);
@@ -439,15 +480,18 @@ kpool_status_code kpool_expand_pools_and_append_tail(const kpool_tensor *pool_id
         require_inner_contiguous(ids);
         const int64_t rows = ids.dim(0);
         TensorArg seq_lens = require_int32_vector("seq_lens", seq_lens_, rows);
-        require_non_negative(seq_lens);
         TensorArg out = require_out(out_, rows, ids.dim(1) * pool_size + pool_size - 1);
+        Placement where({&ids, &seq_lens, &out}, exec);
+        if (where.on_host()) {
+            require_non_negative(seq_lens);
+        }
         if (rows == 0 || out.dim(1) == 0) {
             return 0;
         }
-        auto *fn = kernel<ExpandPoolsAndAppendTailFn>(Kernel::EXPAND_POOLS_AND_APPEND_TAIL,
-                                                      "expand_pools_and_append_tail", 0, index_type(ids));
         HalideBuffer i = wrap(ids), s = wrap(seq_lens), o = wrap(out);
-        check_halide(fn(i, s, pool_size, bound_pool_ids != 0, o), "expand_pools_and_append_tail");
+        where.launch(Kernel::EXPAND_POOLS_AND_APPEND_TAIL, "expand_pools_and_append_tail", 0, index_type(ids),
+                     where.attach(i).raw_buffer(), where.attach(s).raw_buffer(), int32_t(pool_size),
+                     bound_pool_ids != 0, where.attach(o).raw_buffer());
         return 0;
     });
 }
@@ -455,7 +499,7 @@ kpool_status_code kpool_expand_pools_and_append_tail(const kpool_tensor *pool_id
 kpool_status_code kpool_expand_pools_to_tokens(const kpool_tensor *group_ids_, const kpool_tensor *group_valid_,
                                                const kpool_tensor *page_table_, const kpool_tensor *topk_offsets_,
                                                const kpool_tensor *out_, int32_t topk, int32_t pool_size,
-                                               const kpool_exec *, kpool_status *status) {
+                                               const kpool_exec *exec, kpool_status *status) {
     return run(status, [&]() -> int64_t {
         require_pool_size(pool_size);
         if (topk < 0 || topk % pool_size != 0) {
@@ -469,15 +513,21 @@ kpool_status_code kpool_expand_pools_to_tokens(const kpool_tensor *group_ids_, c
         require_same_dim(valid, 0, ids, 0);
         require_same_dim(valid, 1, ids, 1);
         require_inner_contiguous(valid);
-        TokenMap map = token_map(page_table_, topk_offsets_, rows);
+        TokenMapArgs map = token_map(page_table_, topk_offsets_, rows);
         TensorArg out = require_out(out_, rows, topk);
+        std::vector<const TensorArg *> args{&ids, &valid, &out};
+        for (const TensorArg *a : map.present()) {
+            args.push_back(a);
+        }
+        Placement where(args, exec);
         if (rows == 0 || topk == 0) {
             return 0;
         }
-        auto *fn = kernel<ExpandPoolsToTokensFn>(Kernel::EXPAND_POOLS_TO_TOKENS, "expand_pools_to_tokens", 0,
-                                                 index_type(ids));
-        HalideBuffer g = wrap(ids), v = wrap(valid), o = wrap(out);
-        check_halide(fn(g, v, map.page_table, map.offsets, map.mode, pool_size, o), "expand_pools_to_tokens");
+        HalideBuffer g = wrap(ids), v = wrap(valid), o = wrap(out), table, offsets;
+        map.bind(where, rows, table, offsets);
+        where.launch(Kernel::EXPAND_POOLS_TO_TOKENS, "expand_pools_to_tokens", 0, index_type(ids),
+                     where.attach(g).raw_buffer(), where.attach(v).raw_buffer(), table.raw_buffer(),
+                     offsets.raw_buffer(), int32_t(map.mode), int32_t(pool_size), where.attach(o).raw_buffer());
         return 0;
     });
 }
@@ -485,7 +535,7 @@ kpool_status_code kpool_expand_pools_to_tokens(const kpool_tensor *group_ids_, c
 kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result_, const kpool_tensor *seq_lens_,
                                             const kpool_tensor *pool_lens_, const kpool_tensor *page_table_,
                                             const kpool_tensor *topk_offsets_, const kpool_tensor *out_,
-                                            int32_t pool_size, const kpool_exec *, kpool_status *status) {
+                                            int32_t pool_size, const kpool_exec *exec, kpool_status *status) {
     return run(status, [&]() -> int64_t {
         require_pool_size(pool_size);
         TensorArg topk = require_tensor("topk_result", topk_result_, {KPOOL_DTYPE_INT32}, 2);
@@ -493,14 +543,21 @@ kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result_, co
         const int64_t rows = topk.dim(0);
         TensorArg seq_lens = require_int32_vector("seq_lens", seq_lens_, rows);
         TensorArg pool_lens = require_int32_vector("pool_lens", pool_lens_, rows);
-        TokenMap map = token_map(page_table_, topk_offsets_, rows);
+        TokenMapArgs map = token_map(page_table_, topk_offsets_, rows);
         TensorArg out = require_out(out_, rows, topk.dim(1) + pool_size - 1);
+        std::vector<const TensorArg *> args{&topk, &seq_lens, &pool_lens, &out};
+        for (const TensorArg *a : map.present()) {
+            args.push_back(a);
+        }
+        Placement where(args, exec);
         if (rows == 0 || out.dim(1) == 0) {
             return 0;
         }
-        auto *fn = kernel<AppendTailToTopkFn>(Kernel::APPEND_TAIL_TO_TOPK, "append_tail_to_topk", 0, "none");
-        HalideBuffer t = wrap(topk), s = wrap(seq_lens), p = wrap(pool_lens), o = wrap(out);
-        check_halide(fn(t, s, p, map.page_table, map.offsets, map.mode, pool_size, o), "append_tail_to_topk");
+        HalideBuffer t = wrap(topk), s = wrap(seq_lens), p = wrap(pool_lens), o = wrap(out), table, offsets;
+        map.bind(where, rows, table, offsets);
+        where.launch(Kernel::APPEND_TAIL_TO_TOPK, "append_tail_to_topk", 0, "none", where.attach(t).raw_buffer(),
+                     where.attach(s).raw_buffer(), where.attach(p).raw_buffer(), table.raw_buffer(),
+                     offsets.raw_buffer(), int32_t(map.mode), int32_t(pool_size), where.attach(o).raw_buffer());
         return 0;
     });
 }

@@ -41,9 +41,14 @@ void require_common(const char *name, const kpool_tensor *t, std::initializer_li
             sep = " or ";
         }
     }
-    if (t->device != KPOOL_DEVICE_CPU) {
+#ifdef KPOOL_WITH_CUDA
+    const bool device_ok = t->device == KPOOL_DEVICE_CPU || t->device == KPOOL_DEVICE_CUDA;
+#else
+    const bool device_ok = t->device == KPOOL_DEVICE_CPU;
+#endif
+    if (!device_ok) {
         unsupported() << name << " is on device " << (t->device == KPOOL_DEVICE_CUDA ? "cuda" : "unknown")
-                      << ":" << t->device_index << ", but this build of kpool runs on the CPU only";
+                      << ":" << t->device_index << ", which this build of kpool does not run on";
     }
 }
 
@@ -123,15 +128,17 @@ void require_int32_strides(const TensorArg &a) {
     }
 }
 
-void require_same_device(std::initializer_list<const TensorArg *> args) {
+void require_same_device(const std::vector<const TensorArg *> &args) {
     const TensorArg *first = nullptr;
     for (const TensorArg *a : args) {
         if (first == nullptr) {
             first = a;
         } else if (a->t->device != first->t->device || a->t->device_index != first->t->device_index) {
-            invalid() << a->name << " is on device " << a->t->device << ":" << a->t->device_index
-                      << " but " << first->name << " is on " << first->t->device << ":"
-                      << first->t->device_index;
+            auto where = [](const kpool_tensor *t) {
+                return std::string(t->device == KPOOL_DEVICE_CUDA ? "cuda:" : "cpu:") + std::to_string(t->device_index);
+            };
+            invalid() << a->name << " is on " << where(a->t) << " but " << first->name << " is on "
+                      << where(first->t) << ": all tensors of a call must be on one device";
         }
     }
 }

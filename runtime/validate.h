@@ -33,7 +33,7 @@ void require_stride(const TensorArg &a, int i, int64_t expected);
 // Innermost-first strides the kernels take must be positive and fit int32;
 // strides of size-1 dimensions are ignored.
 void require_int32_strides(const TensorArg &a);
-void require_same_device(std::initializer_list<const TensorArg *> args);
+void require_same_device(const std::vector<const TensorArg *> &args);
 void require_pool_size(int32_t pool_size);
 void require_head_dim(int32_t head_dim);
 

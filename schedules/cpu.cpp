@@ -43,11 +43,9 @@ void compute_pool_at(CompressPool &c, const Var &d, const Var &j, const Var &lan
 void schedule_fwht(FwhtStages &s, const BuildPlan &plan) {
     const int lanes = plan.target.natural_vector_size<float>();
     Var ro{"row_chunk"}, ri{"row_in_chunk"};
-    s.codes.split(s.row, ro, ri, kRowsPerTask, TailStrategy::GuardWithIf).parallel(ro).vectorize(s.d, lanes);
-    // The scale shares the row's rotation: one loop over rows writes both.
-    s.scale.split(s.row, ro, ri, kRowsPerTask, TailStrategy::GuardWithIf).parallel(ro).compute_with(s.codes, ri);
-    s.rotate.input.compute_at(s.codes, ri).vectorize(s.d, lanes);
-    compute_row_at(s.rotate, s.lane, LoopLevel(s.codes, ri), lanes);
+    s.out.split(s.row, ro, ri, kRowsPerTask, TailStrategy::GuardWithIf).parallel(ro).vectorize(s.d, lanes);
+    s.rotate.input.compute_at(s.out, ri).vectorize(s.d, lanes);
+    compute_row_at(s.rotate, s.lane, LoopLevel(s.out, ri), lanes);
 }
 
 void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan) {
@@ -56,19 +54,17 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan)
     // Duplicate locs are the caller's race, as in the reference (docs/).
     s.cache.update(0)
         .allow_race_conditions()
-        .split(s.write.z, po, pi, kRowsPerTask, TailStrategy::GuardWithIf)
+        .split(s.write.y, po, pi, kRowsPerTask, TailStrategy::GuardWithIf)
         .parallel(po)
-        .unroll(s.write.x);
+        .vectorize(s.write.x, lanes);
     compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.cache, pi), lanes);
-    s.compress.rotate.quant.codes.compute_at(s.cache, pi).vectorize(s.d, lanes);
 }
 
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan) {
     const int lanes = plan.target.natural_vector_size<float>();
     Var po{"pool_chunk"}, pi{"pool_in_chunk"};
-    s.codes.split(s.pool, po, pi, kRowsPerTask, TailStrategy::GuardWithIf).parallel(po).vectorize(s.d, lanes);
-    s.scale.split(s.pool, po, pi, kRowsPerTask, TailStrategy::GuardWithIf).parallel(po).compute_with(s.codes, pi);
-    compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.codes, pi), lanes);
+    s.out.split(s.pool, po, pi, kRowsPerTask, TailStrategy::GuardWithIf).parallel(po).vectorize(s.d, lanes);
+    compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.out, pi), lanes);
 }
 
 void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan) {
@@ -82,11 +78,10 @@ void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan) {
 
 void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan) {
     const int lanes = plan.target.natural_vector_size<float>();
-    RVar token = s.write.z, request = s.write[3];
-    s.cache.update(0).allow_race_conditions().parallel(request).unroll(s.write.x);
+    RVar token = s.write.y, request = s.write.z;
+    s.cache.update(0).allow_race_conditions().parallel(request).vectorize(s.write.x, lanes);
     s.ring_writer.compute_at(s.cache, token);
     compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.cache, token), lanes);
-    s.compress.rotate.quant.codes.compute_at(s.cache, token).vectorize(s.d, lanes);
 }
 
 void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan) {

@@ -2,29 +2,21 @@
 #include "kpool_schedules.h"
 
 #include "cpu.h"
+#include "cuda.h"
 
 namespace kpool {
 
-namespace {
-
-void require_cpu(const BuildPlan &plan, const char *kernel) {
-    if (plan.target.has_gpu_feature()) {
-        throw Halide::CompileError(std::string(kernel) + ": no GPU schedule for target " +
-                                   plan.target.to_string() + " (gpu=" + plan.gpu + ")");
-    }
-}
-
-}  // namespace
-
 RowLayout row_layout(const BuildPlan &plan) {
-    require_cpu(plan, "row_layout");
-    return cpu::row_layout();
+    return plan.target.has_feature(Target::CUDA) ? cuda::row_layout() : cpu::row_layout();
 }
 
-#define KPOOL_DISPATCH(name, Stages)                        \
-    void name(Stages &s, const BuildPlan &plan) {           \
-        require_cpu(plan, #name);                           \
-        cpu::name(s, plan);                                 \
+#define KPOOL_DISPATCH(name, Stages)                                    \
+    void name(Stages &s, const BuildPlan &plan) {                       \
+        if (plan.target.has_feature(Target::CUDA)) {                    \
+            cuda::name(s, plan);                                        \
+        } else {                                                        \
+            cpu::name(s, plan);                                         \
+        }                                                               \
     }
 
 KPOOL_DISPATCH(schedule_fwht, FwhtStages)
@@ -34,7 +26,11 @@ KPOOL_DISPATCH(schedule_seed_tail, SeedTailStages)
 KPOOL_DISPATCH(schedule_decode_write, DecodeWriteStages)
 KPOOL_DISPATCH(schedule_decode_stash, DecodeStashStages)
 KPOOL_DISPATCH(schedule_expand, ExpandStages)
-KPOOL_DISPATCH(schedule_numerics_probe, NumericsProbeStages)
+
+// The probe is a test of the shared numerics on the host only.
+void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan) {
+    cpu::schedule_numerics_probe(s, plan);
+}
 
 #undef KPOOL_DISPATCH
 

@@ -28,11 +28,11 @@ RowLayout row_layout(const BuildPlan &plan);
 struct FwhtStages {
     Var d{"d"}, row{"row"}, v{"v"}, lane{"lane"};
     RotateQuant rotate;
-    Func codes, scale;  // the outputs
+    Func out;  // Tuple(codes, scale) over (d, row)
 };
 
 // Softmax-pool compress of n pools, written to the cache (the output's
-// update over `write`: byte, word, pool) or returned as rows.
+// update over `write`: (d, pool)) or returned as rows.
 struct CompressToCacheStages {
     Var d{"d"}, j{"j"}, pool{"pool"}, v{"v"}, lane{"lane"};
     CompressPool compress;
@@ -42,7 +42,7 @@ struct CompressToCacheStages {
 struct CompressToRowsStages {
     Var d{"d"}, j{"j"}, pool{"pool"}, v{"v"}, lane{"lane"};
     CompressPool compress;
-    Func codes, scale;
+    Func out;  // Tuple(codes, scale) over (d, pool)
 };
 
 struct SeedTailStages {
@@ -51,7 +51,7 @@ struct SeedTailStages {
 };
 
 // Decode: completions written to the cache over `write`
-// (byte, word, token, request), then stashes into the ring.
+// (d, token, request), then stashes into the ring.
 struct DecodeWriteStages {
     Var d{"d"}, j{"j"}, token{"token"}, request{"request"}, v{"v"}, lane{"lane"};
     Func ring_writer;  // index of the token of this call that last stashed a ring slot

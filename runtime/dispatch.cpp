@@ -9,22 +9,24 @@ namespace kpool::rt {
 namespace {
 
 struct Variant {
+    const char *device;
     Kernel kind;
     int pool_size;
     const char *type;
     AnyKernel function;
 };
 
-#define KPOOL_VARIANT_ENTRY(kind, pool_size, type, function) \
-    {Kernel::kind, pool_size, #type, reinterpret_cast<AnyKernel>(&function)},
+#define KPOOL_VARIANT_ENTRY(device, kind, pool_size, type, function) \
+    {#device, Kernel::kind, pool_size, #type, reinterpret_cast<AnyKernel>(&function)},
 const Variant kVariants[] = {KPOOL_FOR_EACH_VARIANT(KPOOL_VARIANT_ENTRY)};
 #undef KPOOL_VARIANT_ENTRY
 
 }  // namespace
 
-AnyKernel find_kernel(Kernel kind, int pool_size, const char *type) {
+AnyKernel find_kernel(const char *device, Kernel kind, int pool_size, const char *type) {
     for (const Variant &v : kVariants) {
-        if (v.kind == kind && v.pool_size == pool_size && std::strcmp(v.type, type) == 0) {
+        if (std::strcmp(v.device, device) == 0 && v.kind == kind && v.pool_size == pool_size &&
+            std::strcmp(v.type, type) == 0) {
             return v.function;
         }
     }

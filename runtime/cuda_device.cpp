@@ -1,0 +1,153 @@
+#include "cuda_device.h"
+
+#include <dlfcn.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "HalideRuntimeCuda.h"
+#include "errors.h"
+
+namespace kpool::rt {
+
+namespace {
+
+using CUresult = int;
+using CUdevice = int;
+
+// The few driver entry points kpool itself needs (Halide loads its own).
+struct Driver {
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuDeviceGet)(CUdevice *, int);
+    CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRetain)(void **, CUdevice);
+    CUresult (*cuCtxPushCurrent)(void *);
+    CUresult (*cuCtxPopCurrent)(void **);
+    CUresult (*cuMemAlloc)(uint64_t *, size_t);
+    CUresult (*cuMemcpyHtoD)(uint64_t, const void *, size_t);
+    bool loaded = false;
+};
+
+constexpr int kAttrComputeCapabilityMajor = 75;
+constexpr int kAttrComputeCapabilityMinor = 76;
+
+template <typename F>
+bool bind(void *lib, const char *name, F &f) {
+    f = reinterpret_cast<F>(dlsym(lib, name));
+    return f != nullptr;
+}
+
+const Driver &driver() {
+    static Driver d = [] {
+        Driver r{};
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (lib == nullptr) {
+            return r;
+        }
+        r.loaded = bind(lib, "cuInit", r.cuInit) && bind(lib, "cuDeviceGetCount", r.cuDeviceGetCount) &&
+                   bind(lib, "cuDeviceGet", r.cuDeviceGet) &&
+                   bind(lib, "cuDeviceGetAttribute", r.cuDeviceGetAttribute) &&
+                   bind(lib, "cuDevicePrimaryCtxRetain", r.cuDevicePrimaryCtxRetain) &&
+                   bind(lib, "cuCtxPushCurrent_v2", r.cuCtxPushCurrent) &&
+                   bind(lib, "cuCtxPopCurrent_v2", r.cuCtxPopCurrent) && bind(lib, "cuMemAlloc_v2", r.cuMemAlloc) &&
+                   bind(lib, "cuMemcpyHtoD_v2", r.cuMemcpyHtoD) && r.cuInit(0) == 0;
+        return r;
+    }();
+    return d;
+}
+
+// The Halide runtime asks these for the context and stream of every CUDA
+// kernel call: the caller's, carried in user_context, never one of its own.
+int acquire_context(void *user_context, void **ctx, bool) {
+    if (user_context == nullptr) {
+        return -1;
+    }
+    *ctx = static_cast<CudaCall *>(user_context)->context;
+    return 0;
+}
+
+int release_context(void *) { return 0; }
+
+int get_stream(void *user_context, void *, void **stream) {
+    if (user_context == nullptr) {
+        return -1;
+    }
+    *stream = static_cast<CudaCall *>(user_context)->stream;
+    return 0;
+}
+
+void install_context_hooks() {
+    halide_set_cuda_acquire_context(reinterpret_cast<halide_cuda_acquire_context_t>(&acquire_context));
+    halide_set_cuda_release_context(&release_context);
+    halide_set_cuda_get_stream(reinterpret_cast<halide_cuda_get_stream_t>(&get_stream));
+}
+
+const char *family_of(int major) {
+    // Halide 21 names capability 8.0 at most: its PTX runs, JIT-ed, on every
+    // newer GPU; Hopper and later get the schedule tuned on an H200.
+    return major >= 9 ? "sm90" : "sm80";
+}
+
+CudaDevice init_device(int index, const char *arg) {
+    const Driver &d = driver();
+    CUdevice dev = 0;
+    CudaDevice c{index, nullptr, 0, 0, nullptr, nullptr};
+    if (d.cuDeviceGet(&dev, index) != 0 || d.cuDevicePrimaryCtxRetain(&c.primary_context, dev) != 0) {
+        Failure(KPOOL_ERROR_DEVICE) << arg << " is on cuda:" << index << ", which the driver cannot open";
+    }
+    d.cuDeviceGetAttribute(&c.major, kAttrComputeCapabilityMajor, dev);
+    d.cuDeviceGetAttribute(&c.minor, kAttrComputeCapabilityMinor, dev);
+    if (c.major < 8) {
+        unsupported() << arg << " is on cuda:" << index << " (compute capability " << c.major << "." << c.minor
+                      << "); kpool's CUDA kernels need 8.0 or newer";
+    }
+    c.family = family_of(c.major);
+    const KernelConstants host;
+    uint64_t dptr = 0;
+    d.cuCtxPushCurrent(c.primary_context);
+    bool ok = d.cuMemAlloc(&dptr, sizeof(host)) == 0 && d.cuMemcpyHtoD(dptr, &host, sizeof(host)) == 0;
+    void *popped = nullptr;
+    d.cuCtxPopCurrent(&popped);
+    if (!ok) {
+        Failure(KPOOL_ERROR_DEVICE) << "cuda:" << index << ": could not allocate kpool's constants";
+    }
+    c.constants = reinterpret_cast<void *>(dptr);
+    return c;
+}
+
+}  // namespace
+
+bool cuda_available() {
+    const Driver &d = driver();
+    int count = 0;
+    return d.loaded && d.cuDeviceGetCount(&count) == 0 && count > 0;
+}
+
+const CudaDevice &cuda_device(int index, const char *arg) {
+    static std::once_flag hooks;
+    static std::mutex mutex;
+    static std::vector<std::unique_ptr<CudaDevice>> devices;
+    if (!cuda_available()) {
+        Failure(KPOOL_ERROR_DEVICE) << arg << " is on cuda:" << index << ", but no CUDA driver or device is present";
+    }
+    int count = 0;
+    driver().cuDeviceGetCount(&count);
+    if (index < 0 || index >= count) {
+        Failure(KPOOL_ERROR_INVALID_ARGUMENT) << arg << " is on cuda:" << index << ", but there are " << count
+                                              << " CUDA devices";
+    }
+    std::call_once(hooks, install_context_hooks);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (devices.size() < static_cast<size_t>(count)) {
+        devices.resize(count);
+    }
+    if (!devices[index]) {
+        devices[index] = std::make_unique<CudaDevice>(init_device(index, arg));
+    }
+    return *devices[index];
+}
+
+}  // namespace kpool::rt

@@ -1,0 +1,40 @@
+// The CUDA side of the runtime: the driver (loaded at first use, so a
+// machine without one runs the CPU path), each device's primary context (the
+// one cudart and PyTorch use), its GPU family, and the per-call state the
+// kernels receive as user_context.
+#pragma once
+
+#include <cstdint>
+
+namespace kpool::rt {
+
+// What a CUDA kernel call carries to the Halide runtime: the caller's
+// context and stream (kpool_exec.stream; NULL is the legacy default stream).
+struct CudaCall {
+    void *context;
+    void *stream;
+};
+
+// Constants standing in for absent optional inputs (read with stride 0):
+// the write mask's 1, the page table's and the offsets' 0.
+struct KernelConstants {
+    uint8_t one = 1, pad[7] = {};
+    int32_t zero32 = 0, pad32 = 0;
+    int64_t zero64 = 0;
+};
+
+struct CudaDevice {
+    int index;
+    void *primary_context;
+    int major, minor;    // compute capability
+    const char *family;  // schedule family: "sm80" or "sm90"
+    void *constants;  // a KernelConstants in device memory
+};
+
+// True when a CUDA driver with at least one device is present.
+bool cuda_available();
+// The device, initialized once per process (thread-safe). Throws an
+// ArgumentError naming `arg` when there is no such device.
+const CudaDevice &cuda_device(int index, const char *arg);
+
+}  // namespace kpool::rt

@@ -1,0 +1,61 @@
+#include "placement.h"
+
+#include <cstddef>
+
+#include "HalideRuntimeCuda.h"
+
+namespace kpool::rt {
+
+namespace {
+
+// The host copy of the constants (each device holds its own).
+const KernelConstants kHostConstants;
+
+}  // namespace
+
+Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec) {
+    require_same_device(args);
+    const TensorArg *first = *args.begin();
+    if (first->t->device == KPOOL_DEVICE_CUDA) {
+        cuda_ = &cuda_device(first->t->device_index, first->name);
+        call_ = {cuda_->primary_context, exec != nullptr ? exec->stream : nullptr};
+    }
+}
+
+HalideBuffer &Placement::attach(HalideBuffer &buffer) const {
+    if (cuda_ != nullptr) {
+        void *device_ptr = buffer.data();
+        buffer.raw_buffer()->host = nullptr;
+        CudaCall call = call_;
+        int result = buffer.device_wrap_native(halide_cuda_device_interface(),
+                                               reinterpret_cast<uint64_t>(device_ptr), &call);
+        check_halide(result, "wrapping a device pointer");
+    }
+    return buffer;
+}
+
+HalideBuffer Placement::constant(size_t offset, halide_type_t type, std::vector<halide_dimension_t> dims) const {
+    const uint8_t *base = reinterpret_cast<const uint8_t *>(&kHostConstants);
+    if (cuda_ != nullptr) {
+        base = static_cast<const uint8_t *>(cuda_->constants);
+    }
+    HalideBuffer b(type, const_cast<uint8_t *>(base + offset), static_cast<int>(dims.size()), dims.data());
+    return attach(b);
+}
+
+HalideBuffer Placement::all_true(int64_t extent) const {
+    return constant(offsetof(KernelConstants, one), halide_type_of<uint8_t>(),
+                    {halide_dimension_t(0, static_cast<int32_t>(extent), 0)});
+}
+
+HalideBuffer Placement::no_page_table(int64_t rows) const {
+    return constant(offsetof(KernelConstants, zero32), halide_type_of<int32_t>(),
+                    {halide_dimension_t(0, 1, 0), halide_dimension_t(0, static_cast<int32_t>(rows), 0)});
+}
+
+HalideBuffer Placement::no_offsets(int64_t rows) const {
+    return constant(offsetof(KernelConstants, zero64), halide_type_of<int64_t>(),
+                    {halide_dimension_t(0, static_cast<int32_t>(rows), 0)});
+}
+
+}  // namespace kpool::rt

@@ -1,0 +1,52 @@
+// Where a call runs: the host CPU, or the CUDA device its tensors are on,
+// with the caller's stream. Buffers wrap caller memory on either side.
+#pragma once
+
+#include <vector>
+
+#include "cuda_device.h"
+#include "dispatch.h"
+#include "halide_buffers.h"
+
+namespace kpool::rt {
+
+class Placement {
+public:
+    // All tensors on one device; exec's stream for CUDA.
+    Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec);
+
+    bool on_host() const { return cuda_ == nullptr; }
+    const char *family() const { return cuda_ ? cuda_->family : "cpu"; }
+
+    // A buffer wrapping caller memory, moved to the device side on CUDA
+    // (the pointer is a device pointer: wrapped, never copied).
+    HalideBuffer &attach(HalideBuffer &buffer) const;
+
+    // Stride-0 constants standing in for absent optional inputs, in memory
+    // the kernel can read: 1 (uint8), 0 (int32, 2-D), 0 (int64).
+    HalideBuffer all_true(int64_t extent) const;
+    HalideBuffer no_page_table(int64_t rows) const;
+    HalideBuffer no_offsets(int64_t rows) const;
+
+    // Runs the variant for this device; CUDA kernels take the call's
+    // context and stream as user_context.
+    template <typename... Args>
+    void launch(Kernel kind, const char *op, int pool_size, const char *type, Args... args) const {
+        if (cuda_ != nullptr) {
+            auto *fn = kernel<int(void *, Args...)>(cuda_->family, kind, op, pool_size, type);
+            CudaCall call = call_;
+            check_halide(fn(&call, args...), op);
+        } else {
+            auto *fn = kernel<int(Args...)>("cpu", kind, op, pool_size, type);
+            check_halide(fn(args...), op);
+        }
+    }
+
+private:
+    HalideBuffer constant(size_t offset, halide_type_t type, std::vector<halide_dimension_t> dims) const;
+
+    const CudaDevice *cuda_ = nullptr;
+    CudaCall call_{};
+};
+
+}  // namespace kpool::rt

@@ -1,0 +1,177 @@
+// CUDA schedules. A row (fwht row, pool, decode token) is one warp: 32 lanes
+// x 4 consecutive elements, so the Hadamard's strides 1 and 2 stay in a
+// thread's registers and strides 4..64 and the absmax are warp shuffles;
+// nothing touches shared or heap memory, so every kernel is one launch and
+// CUDA-graph capturable. Large dimensions (rows, pools, tokens) go to grid x.
+#include "cuda.h"
+
+#include <cstring>
+
+namespace kpool::cuda {
+
+using namespace Halide;
+
+namespace {
+
+// Tuned parameters per GPU family: data, not code.
+struct CudaPlan {
+    const char *gpu;
+    int rows_per_block;     // warps per block in the row kernels
+    int tokens_per_block;   // seed/stash: tokens per block (one warp each)
+    int expand_cols;        // expand: output columns per thread block
+};
+
+// sm80: A100-class, not measured here. sm90: H100/H200.
+constexpr CudaPlan kPlans[] = {
+    {"sm80", 4, 8, 256},
+    {"sm90", 4, 8, 256},
+};
+
+const CudaPlan &plan_for(const BuildPlan &build) {
+    for (const CudaPlan &p : kPlans) {
+        if (build.gpu == p.gpu) {
+            return p;
+        }
+    }
+    throw CompileError("no CUDA plan for gpu=" + build.gpu + " (known: sm80, sm90)");
+}
+
+constexpr int kValuesPerLane = 4;
+
+// A per-row Func over (v, lane, rows...): one warp's registers.
+void in_warp_registers(Func f, const Var &v, const Var &lane, LoopLevel at) {
+    f.compute_at(at).gpu_lanes(lane).unroll(v).store_in(MemoryType::Register);
+}
+
+void in_warp_registers(Func f, const Var &lane, LoopLevel at) {
+    f.compute_at(at).gpu_lanes(lane).store_in(MemoryType::Register);
+}
+
+void compute_row_in_warp(RotateQuant &r, const Var &v, const Var &lane, LoopLevel at) {
+    for (Func &stage : r.rotation.stages) {
+        in_warp_registers(stage, v, lane, at);
+    }
+    in_warp_registers(r.rotation.output, v, lane, at);
+    in_warp_registers(r.rotated, v, lane, at);
+    in_warp_registers(r.quant.lane_absmax, lane, at);
+    for (Func &stage : r.quant.absmax_stages) {
+        in_warp_registers(stage, lane, at);
+    }
+    in_warp_registers(r.quant.lane_scale, lane, at);
+}
+
+}  // namespace
+
+RowLayout row_layout() { return RowLayout{kValuesPerLane}; }
+
+void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
+    const CudaPlan &plan = plan_for(build);
+    Var rb{"row_block"}, ri{"row_in_block"};
+    s.out.split(s.d, s.lane, s.v, kValuesPerLane)
+        .split(s.row, rb, ri, plan.rows_per_block, TailStrategy::GuardWithIf)
+        .reorder(s.v, s.lane, ri, rb)
+        .gpu_blocks(rb)
+        .gpu_threads(ri)
+        .gpu_lanes(s.lane)
+        .unroll(s.v);
+    compute_row_in_warp(s.rotate, s.v, s.lane, LoopLevel(s.out, ri));
+
+}
+
+// The softmax pool is elementwise in d: each lane pools its own 4 elements,
+// inlined into the pooled row that feeds the Hadamard input in registers.
+void compute_pool_in_warp(CompressPool &c, const Var &d, const Var &v, const Var &lane, LoopLevel at) {
+    c.pooled_bf16.compute_at(at)
+        .split(d, lane, v, kValuesPerLane)
+        .gpu_lanes(lane)
+        .unroll(v)
+        .store_in(MemoryType::Register);
+    compute_row_in_warp(c.rotate, v, lane, at);
+}
+
+void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build) {
+    const CudaPlan &plan = plan_for(build);
+    RVar lane{"write_lane"}, v{"write_v"}, pb{"pool_block"}, pi{"pool_in_block"};
+    // Duplicate locs are the caller's race, as in the reference (docs/).
+    s.cache.update(0)
+        .allow_race_conditions()
+        .split(s.write.x, lane, v, kValuesPerLane)
+        .split(s.write.y, pb, pi, plan.rows_per_block, TailStrategy::GuardWithIf)
+        .reorder(v, lane, pi, pb)
+        .gpu_blocks(pb)
+        .gpu_threads(pi)
+        .gpu_lanes(lane)
+        .unroll(v);
+    compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.cache, pi));
+}
+
+void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) {
+    const CudaPlan &plan = plan_for(build);
+    Var pb{"pool_block"}, pi{"pool_in_block"};
+    s.out.split(s.d, s.lane, s.v, kValuesPerLane)
+        .split(s.pool, pb, pi, plan.rows_per_block, TailStrategy::GuardWithIf)
+        .reorder(s.v, s.lane, pi, pb)
+        .gpu_blocks(pb)
+        .gpu_threads(pi)
+        .gpu_lanes(s.lane)
+        .unroll(s.v);
+    compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.out, pi));
+}
+
+// A token copy: each lane moves 4 consecutive bf16 (8 bytes) of each half.
+void schedule_seed_tail(SeedTailStages &s, const BuildPlan &build) {
+    const CudaPlan &plan = plan_for(build);
+    RVar lane{"copy_lane"}, v{"copy_v"}, tb{"token_block"}, ti{"token_in_block"};
+    s.tail.update(0)
+        .allow_race_conditions()
+        .split(s.copy.x, lane, v, kValuesPerLane)
+        .split(s.copy.z, tb, ti, plan.tokens_per_block, TailStrategy::GuardWithIf)
+        .reorder(v, lane, s.copy.y, ti, tb)
+        .gpu_blocks(tb)
+        .gpu_threads(lane, ti)
+        .vectorize(v);
+}
+
+// One block per request, one warp per token; completions read the ring as it
+// was before the call (ring_writer), so tokens need no ordering here.
+void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &) {
+    RVar lane{"write_lane"}, v{"write_v"};
+    RVar token = s.write.y, request = s.write.z;
+    s.cache.update(0)
+        .allow_race_conditions()
+        .split(s.write.x, lane, v, kValuesPerLane)
+        .reorder(v, lane, token, request)
+        .gpu_blocks(request)
+        .gpu_threads(token)
+        .gpu_lanes(lane)
+        .unroll(v);
+    s.ring_writer.compute_at(s.compress.pooled_bf16, s.lane).unroll(s.j);
+    compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.cache, token));
+}
+
+// One warp per request walks its tokens in order: the last stash of a ring
+// slot wins, as in the reference's sequential loop.
+void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &) {
+    RVar lane{"stash_lane"}, v{"stash_v"};
+    s.tail.update(0)
+        .allow_race_conditions()
+        .split(s.stash.x, lane, v, kValuesPerLane)
+        .reorder(v, lane, s.stash.y, s.stash.z, s.stash[3])
+        .gpu_blocks(s.stash[3])
+        .gpu_threads(lane)
+        .vectorize(v);
+}
+
+// Rows in grid x; each thread writes 4 consecutive int32 (16 bytes).
+void schedule_expand(ExpandStages &s, const BuildPlan &build) {
+    const CudaPlan &plan = plan_for(build);
+    Var cb{"col_block"}, ci{"col_in_block"}, ct{"col_thread"}, cv{"col_v"};
+    s.out.split(s.col, cb, ci, plan.expand_cols, TailStrategy::GuardWithIf)
+        .split(ci, ct, cv, 4, TailStrategy::GuardWithIf)
+        .reorder(cv, ct, cb, s.row)
+        .gpu_blocks(s.row, cb)
+        .gpu_threads(ct)
+        .vectorize(cv);
+}
+
+}  // namespace kpool::cuda
