@@ -52,20 +52,21 @@ public:
         // Member j of the pool that token t completes sits at position
         // pos - (P-1) + j, in ring slot position % RING of t's tail block.
         DecodeToken tok = decode_token(positions, tail_slot_mapping, t, b);
-        Expr member_pos = tok.position - (P - 1) + s.j;
+        // In int64: a position near INT32_MAX must not overflow on the way.
+        Expr member_pos = cast<int64_t>(tok.position) - (P - 1) + s.j;
         Expr block = cast<int64_t>(max(tok.tail_slot, 0)) / cast<int64_t>(ring);
 
         // The latest earlier token of this request that stashed into the
         // same ring slot of the same block, or -1: what the ring holds now.
         RDom earlier(0, next_n, "earlier");
         DecodeToken e = decode_token(positions, tail_slot_mapping, earlier, b);
-        Expr same_slot = e.stashes && cast<int64_t>(e.tail_slot) / cast<int64_t>(ring) == block &&
-                         e.position % ring == member_pos % ring;
+        Expr ring64 = cast<int64_t>(ring);
+        Expr same_slot = e.stashes && cast<int64_t>(e.tail_slot) / ring64 == block &&
+                         cast<int64_t>(e.position) % ring64 == member_pos % ring64;
         s.ring_writer = Func{"ring_writer"};
         s.ring_writer(s.j, t, b) = maximum(select(earlier < t && same_slot, earlier, -1));
 
-        TailSlot at = tail_slot(block * cast<int64_t>(ring) + member_pos % ring, ring,
-                                tail.dim(3).extent());
+        TailSlot at = tail_slot(block * ring64 + member_pos % ring64, ring, tail.dim(3).extent());
         Expr writer = s.ring_writer(s.j, t, b);
         Expr stashed = writer >= 0;
         Expr from = clamp(writer, 0, next_n - 1);

@@ -21,10 +21,11 @@ Expr map_token(Expr token, Expr row, Expr mode, Func page_table, Expr table_widt
     return select(mode == kPageTable, gathered, mode == kOffsets, shifted, cast<int32_t>(token));
 }
 
-// Index inputs read with -1 past their first dimension, so an empty selection
-// (G == 0 or C == 0) needs no special case.
+// Index inputs read with -1 past their first `extent` columns. The runtime
+// passes a one-column stand-in when extent is 0 (an empty selection), since
+// Halide needs a non-empty buffer to clamp into.
 Func minus_one_outside(const Func &f, Expr extent) {
-    return BoundaryConditions::constant_exterior(f, cast(f.type(), -1), {{0, extent}, {Expr(), Expr()}});
+    return BoundaryConditions::constant_exterior(f, cast(f.type(), -1), {{0, max(extent, 1)}, {Expr(), Expr()}});
 }
 
 }  // namespace
@@ -34,6 +35,7 @@ public:
     GeneratorParam<std::string> gpu{"gpu", ""};
 
     Input<Buffer<void, 2>> pool_ids{"pool_ids"};      // (g, row) int32 or int64
+    Input<int> groups{"groups"};                      // G: pool_ids columns in use
     Input<Buffer<int32_t, 1>> seq_lens{"seq_lens"};   // (row)
     Input<int> pool_size{"pool_size"};
     Input<bool> bound_pool_ids{"bound_pool_ids"};
@@ -42,8 +44,8 @@ public:
     void generate() {
         Var c = stages.col, row = stages.row;
         Expr P = pool_size;
-        Expr topk = pool_ids.dim(0).extent() * P;
-        Func ids = minus_one_outside(pool_ids, pool_ids.dim(0).extent());
+        Expr topk = groups * P;
+        Func ids = minus_one_outside(pool_ids, groups);
         Expr seq_len = seq_lens(row);
         Expr pool_len = seq_len / P;
         Expr tail_start = pool_len * P;
@@ -99,6 +101,7 @@ public:
     GeneratorParam<std::string> gpu{"gpu", ""};
 
     Input<Buffer<int32_t, 2>> topk_result{"topk_result"};  // (col, row)
+    Input<int> history_cols{"history_cols"};               // C: topk_result columns in use
     Input<Buffer<int32_t, 1>> seq_lens{"seq_lens"};        // (row)
     Input<Buffer<int32_t, 1>> pool_lens{"pool_lens"};      // (row)
     Input<Buffer<int32_t, 2>> page_table{"page_table"};    // (col, row); stride 0 when absent
@@ -109,7 +112,6 @@ public:
 
     void generate() {
         Var c = stages.col, row = stages.row;
-        Expr history_cols = topk_result.dim(0).extent();
         Func history = minus_one_outside(topk_result, history_cols);
         Expr tail_start = pool_lens(row) * pool_size;
         Expr tail_off = c - history_cols;

@@ -488,10 +488,12 @@ kpool_status_code kpool_expand_pools_and_append_tail(const kpool_tensor *pool_id
         if (rows == 0 || out.dim(1) == 0) {
             return 0;
         }
-        HalideBuffer i = wrap(ids), s = wrap(seq_lens), o = wrap(out);
+        const int32_t groups = static_cast<int32_t>(ids.dim(1));
+        HalideBuffer i = groups > 0 ? where.attach(wrap(ids)) : where.no_columns(ids.t->dtype, rows);
+        HalideBuffer s = wrap(seq_lens), o = wrap(out);
         where.launch(Kernel::EXPAND_POOLS_AND_APPEND_TAIL, "expand_pools_and_append_tail", 0, index_type(ids),
-                     where.attach(i).raw_buffer(), where.attach(s).raw_buffer(), int32_t(pool_size),
-                     bound_pool_ids != 0, where.attach(o).raw_buffer());
+                     i.raw_buffer(), groups, where.attach(s).raw_buffer(), int32_t(pool_size), bound_pool_ids != 0,
+                     where.attach(o).raw_buffer());
         return 0;
     });
 }
@@ -553,9 +555,11 @@ kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result_, co
         if (rows == 0 || out.dim(1) == 0) {
             return 0;
         }
-        HalideBuffer t = wrap(topk), s = wrap(seq_lens), p = wrap(pool_lens), o = wrap(out), table, offsets;
+        const int32_t history_cols = static_cast<int32_t>(topk.dim(1));
+        HalideBuffer t = history_cols > 0 ? where.attach(wrap(topk)) : where.no_columns(KPOOL_DTYPE_INT32, rows);
+        HalideBuffer s = wrap(seq_lens), p = wrap(pool_lens), o = wrap(out), table, offsets;
         map.bind(where, rows, table, offsets);
-        where.launch(Kernel::APPEND_TAIL_TO_TOPK, "append_tail_to_topk", 0, "none", where.attach(t).raw_buffer(),
+        where.launch(Kernel::APPEND_TAIL_TO_TOPK, "append_tail_to_topk", 0, "none", t.raw_buffer(), history_cols,
                      where.attach(s).raw_buffer(), where.attach(p).raw_buffer(), table.raw_buffer(),
                      offsets.raw_buffer(), int32_t(map.mode), int32_t(pool_size), where.attach(o).raw_buffer());
         return 0;

@@ -50,7 +50,15 @@ HalideBuffer Placement::all_true(int64_t extent) const {
 
 HalideBuffer Placement::no_page_table(int64_t rows) const {
     return constant(offsetof(KernelConstants, zero32), halide_type_of<int32_t>(),
-                    {halide_dimension_t(0, 1, 0), halide_dimension_t(0, static_cast<int32_t>(rows), 0)});
+                    {halide_dimension_t(0, 1, 1), halide_dimension_t(0, static_cast<int32_t>(rows), 0)});
+}
+
+HalideBuffer Placement::no_columns(kpool_dtype dtype, int64_t rows) const {
+    if (dtype == KPOOL_DTYPE_INT64) {
+        return constant(offsetof(KernelConstants, zero64), halide_type_of<int64_t>(),
+                        {halide_dimension_t(0, 1, 1), halide_dimension_t(0, static_cast<int32_t>(rows), 0)});
+    }
+    return no_page_table(rows);
 }
 
 HalideBuffer Placement::no_offsets(int64_t rows) const {

@@ -21,12 +21,15 @@ public:
     // A buffer wrapping caller memory, moved to the device side on CUDA
     // (the pointer is a device pointer: wrapped, never copied).
     HalideBuffer &attach(HalideBuffer &buffer) const;
+    HalideBuffer attach(HalideBuffer &&buffer) const { return attach(buffer); }
 
     // Stride-0 constants standing in for absent optional inputs, in memory
     // the kernel can read: 1 (uint8), 0 (int32, 2-D), 0 (int64).
     HalideBuffer all_true(int64_t extent) const;
     HalideBuffer no_page_table(int64_t rows) const;
     HalideBuffer no_offsets(int64_t rows) const;
+    // A one-column stand-in (stride 0) for an index input with no columns.
+    HalideBuffer no_columns(kpool_dtype dtype, int64_t rows) const;
 
     // Runs the variant for this device; CUDA kernels take the call's
     // context and stream as user_context.

@@ -109,13 +109,16 @@ void require_same_dim(const TensorArg &a, int i, const TensorArg &b, int j) {
 }
 
 void require_stride(const TensorArg &a, int i, int64_t expected) {
-    if (a.dim(i) > 1 && a.stride(i) != expected) {
+    if (a.numel() > 0 && a.dim(i) > 1 && a.stride(i) != expected) {
         invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i << ", expected "
                   << expected;
     }
 }
 
 void require_int32_strides(const TensorArg &a) {
+    if (a.numel() == 0) {
+        return;  // no element is addressed: strides do not matter
+    }
     for (int i = 0; i < a.t->ndim; i++) {
         if (a.dim(i) > 1 && (a.stride(i) <= 0 || a.stride(i) > std::numeric_limits<int32_t>::max())) {
             invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i

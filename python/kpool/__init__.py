@@ -1,0 +1,55 @@
+"""kpool: the key-pooling sparse-attention indexer kernels (libkpool.so) for
+Python, as a drop-in for the Triton reference module ``kpool_triton``.
+
+Pure Python: the shared library is loaded with ctypes on first use, from
+``$KPOOL_LIBRARY``, else ``kpool/lib/libkpool.so`` (copied there by
+``pip install``), else ``<repo>/build/libkpool.so``. Arguments are torch
+tensors (CPU or CUDA; CUDA calls run on torch's current stream) or numpy
+arrays (CPU; bf16 as ``uint16`` arrays, e4m3 as ``uint8``), used in place.
+
+Errors: ``ValueError`` for bad shapes, strides, parameters and out-of-range
+indices, ``TypeError`` for dtypes, ``RuntimeError`` for unsupported variants or
+devices and device failures; all are ``kpool.KpoolError`` with a ``code``.
+"""
+
+from ._lib import (
+    KpoolError,
+    KpoolIndexRangeError,
+    KpoolRuntimeError,
+    KpoolTypeError,
+    KpoolValueError,
+    library_path,
+    version,
+)
+from .ops import (
+    INDEX_HEAD_DIM,
+    append_tail_to_topk,
+    expand_pools_and_append_tail,
+    expand_pools_to_tokens,
+    fwht128_quant_fp8,
+    history_group_budget_for_topk,
+    kpool_compress_and_write_cache,
+    kpool_decode_update_and_maybe_write_cache_batched,
+    kpool_seed_tail_cache,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "INDEX_HEAD_DIM",
+    "append_tail_to_topk",
+    "expand_pools_and_append_tail",
+    "expand_pools_to_tokens",
+    "fwht128_quant_fp8",
+    "history_group_budget_for_topk",
+    "kpool_compress_and_write_cache",
+    "kpool_decode_update_and_maybe_write_cache_batched",
+    "kpool_seed_tail_cache",
+    "KpoolError",
+    "KpoolIndexRangeError",
+    "KpoolRuntimeError",
+    "KpoolTypeError",
+    "KpoolValueError",
+    "library_path",
+    "version",
+]

@@ -1,0 +1,225 @@
+"""Finding and loading libkpool.so, and the ctypes mirror of include/kpool/kpool.h.
+
+Nothing here knows about torch or numpy; ``_tensors`` turns their arrays into
+``KpoolTensor`` descriptors and ``ops`` calls the entry points declared below.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+# --- constants of kpool.h ---------------------------------------------------
+KPOOL_HEAD_DIM = 128
+KPOOL_MAX_DIMS = 4
+KPOOL_MESSAGE_SIZE = 512
+
+# kpool_status_code
+KPOOL_OK = 0
+KPOOL_ERROR_INVALID_ARGUMENT = 1
+KPOOL_ERROR_OUT_OF_RANGE = 2
+KPOOL_ERROR_UNSUPPORTED = 3
+KPOOL_ERROR_DEVICE = 4
+KPOOL_ERROR_INTERNAL = 5
+
+# kpool_dtype
+KPOOL_DTYPE_UINT8 = 0
+KPOOL_DTYPE_BOOL = 1
+KPOOL_DTYPE_INT32 = 2
+KPOOL_DTYPE_INT64 = 3
+KPOOL_DTYPE_BFLOAT16 = 4
+KPOOL_DTYPE_FLOAT32 = 5
+KPOOL_DTYPE_FLOAT8_E4M3FN = 6
+
+# kpool_device_type
+KPOOL_DEVICE_CPU = 0
+KPOOL_DEVICE_CUDA = 1
+
+_STATUS_NAMES = {
+    KPOOL_OK: "ok",
+    KPOOL_ERROR_INVALID_ARGUMENT: "invalid argument",
+    KPOOL_ERROR_OUT_OF_RANGE: "index out of range",
+    KPOOL_ERROR_UNSUPPORTED: "unsupported",
+    KPOOL_ERROR_DEVICE: "device error",
+    KPOOL_ERROR_INTERNAL: "internal error",
+}
+
+
+# --- structs ------------------------------------------------------------------
+# C enums are int-sized on every ABI we target (x86-64 / aarch64 Linux).
+class KpoolTensor(ctypes.Structure):
+    """kpool_tensor: data pointer, dtype, rank, shape and strides in elements, device."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * KPOOL_MAX_DIMS),
+        ("strides", ctypes.c_int64 * KPOOL_MAX_DIMS),
+        ("device", ctypes.c_int),
+        ("device_index", ctypes.c_int32),
+    ]
+
+
+class KpoolStatus(ctypes.Structure):
+    """kpool_status: code, decode's skipped completions, and the message."""
+
+    _fields_ = [
+        ("code", ctypes.c_int),
+        ("skipped_completions", ctypes.c_int64),
+        ("message", ctypes.c_char * KPOOL_MESSAGE_SIZE),
+    ]
+
+
+class KpoolExec(ctypes.Structure):
+    """kpool_exec: the CUDA stream of the call (NULL: legacy default stream)."""
+
+    _fields_ = [("stream", ctypes.c_void_p)]
+
+
+# The C layout, written out by hand from kpool.h; a mismatch is a bug here.
+assert ctypes.sizeof(KpoolTensor) == 88 and KpoolTensor.shape.offset == 16
+assert KpoolTensor.strides.offset == 48 and KpoolTensor.device.offset == 80
+assert ctypes.sizeof(KpoolStatus) == 16 + KPOOL_MESSAGE_SIZE
+assert KpoolStatus.skipped_completions.offset == 8 and KpoolStatus.message.offset == 16
+assert ctypes.sizeof(KpoolExec) == ctypes.sizeof(ctypes.c_void_p)
+
+_T = ctypes.POINTER(KpoolTensor)
+_S = ctypes.POINTER(KpoolStatus)
+_E = ctypes.POINTER(KpoolExec)
+_i32 = ctypes.c_int32
+_code = ctypes.c_int
+
+# name: (restype, argtypes), in the order of kpool.h.
+PROTOTYPES = {
+    "kpool_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "kpool_dtype_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "kpool_version": (ctypes.c_char_p, []),
+    "kpool_tensor_contiguous": (KpoolTensor, [ctypes.c_void_p, ctypes.c_int, _i32,
+                                              ctypes.POINTER(ctypes.c_int64)]),
+    "kpool_fwht128_quant_fp8": (_code, [_T, _T, _T, _E, _S]),
+    "kpool_compress_and_write_cache": (_code, [_T, _T, _T, _T, _T, _T, _T, _T, _i32, _i32, _i32, _i32,
+                                               _E, _S]),
+    "kpool_seed_tail_cache": (_code, [_T, _T, _T, _T, _i32, _i32, _E, _S]),
+    "kpool_decode_update_and_maybe_write_cache_batched": (_code, [_T, _T, _T, _T, _T, _T, _T, _T, _i32,
+                                                                  _i32, _i32, _E, _S]),
+    "kpool_expand_pools_and_append_tail": (_code, [_T, _T, _T, _i32, _i32, _E, _S]),
+    "kpool_expand_pools_to_tokens": (_code, [_T, _T, _T, _T, _T, _i32, _i32, _E, _S]),
+    "kpool_append_tail_to_topk": (_code, [_T, _T, _T, _T, _T, _T, _i32, _E, _S]),
+    "kpool_history_group_budget_for_topk": (_code, [ctypes.c_int64, _i32, ctypes.POINTER(ctypes.c_int64),
+                                                    _S]),
+}
+
+LIBRARY_ENV = "KPOOL_LIBRARY"
+_LIBRARY_NAME = "libkpool.so"
+_package_dir = os.path.dirname(os.path.abspath(__file__))
+
+
+def candidate_paths() -> list[str]:
+    """Where the library is looked for, in order: $KPOOL_LIBRARY, the copy
+    packaged in kpool/lib/, then <repo>/build/libkpool.so next to python/."""
+    env = os.environ.get(LIBRARY_ENV)
+    if env:
+        return [env]  # an explicit choice is never second-guessed
+    return [
+        os.path.join(_package_dir, "lib", _LIBRARY_NAME),
+        os.path.normpath(os.path.join(_package_dir, "..", "..", "build", _LIBRARY_NAME)),
+    ]
+
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def load() -> ctypes.CDLL:
+    """The loaded library (loaded on first use, so ``import kpool`` never fails)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        paths = candidate_paths()
+        path = next((p for p in paths if os.path.isfile(p)), None)
+        if path is None:
+            raise OSError(
+                f"kpool: {_LIBRARY_NAME} not found (looked at: {', '.join(paths)}). Build it with "
+                f"`cmake --build build` and set {LIBRARY_ENV}=/path/to/{_LIBRARY_NAME}, or reinstall the "
+                f"package after building so that it is copied into kpool/lib/")
+        lib = ctypes.CDLL(path)
+        for name, (restype, argtypes) in PROTOTYPES.items():
+            fn = getattr(lib, name)  # AttributeError names a missing symbol: wrong library
+            fn.restype = restype
+            fn.argtypes = argtypes
+        _lib_path = path
+        _lib = lib
+        return lib
+
+
+def library_path() -> str:
+    """The file the library was loaded from (loads it if needed)."""
+    load()
+    return _lib_path
+
+
+def version() -> str:
+    """kpool_version(): e.g. "kpool 0.1.0 (cpu)" or "... (cpu, cuda)"."""
+    return load().kpool_version().decode()
+
+
+def status_name(code: int) -> str:
+    return _STATUS_NAMES.get(code, f"status {code}")
+
+
+# --- errors ---------------------------------------------------------------------
+class KpoolError(Exception):
+    """Base of every error kpool raises; ``code`` is the kpool_status_code."""
+
+    code = KPOOL_ERROR_INTERNAL
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class KpoolValueError(KpoolError, ValueError):
+    """Bad shape, stride or parameter (KPOOL_ERROR_INVALID_ARGUMENT)."""
+
+    code = KPOOL_ERROR_INVALID_ARGUMENT
+
+
+class KpoolIndexRangeError(KpoolValueError):
+    """An index input addresses outside its cache (KPOOL_ERROR_OUT_OF_RANGE)."""
+
+    code = KPOOL_ERROR_OUT_OF_RANGE
+
+
+class KpoolTypeError(KpoolError, TypeError):
+    """A dtype (or argument type) the op does not take."""
+
+    code = KPOOL_ERROR_INVALID_ARGUMENT
+
+
+class KpoolRuntimeError(KpoolError, RuntimeError):
+    """Unsupported variant or device, device failure, internal error."""
+
+
+def error_for(code: int, message: str) -> KpoolError:
+    """The Python exception for a failed status."""
+    if code == KPOOL_ERROR_OUT_OF_RANGE:
+        return KpoolIndexRangeError(message, code)
+    if code == KPOOL_ERROR_INVALID_ARGUMENT:
+        if "dtype" in message:
+            return KpoolTypeError(message, code)
+        return KpoolValueError(message, code)
+    return KpoolRuntimeError(f"{message} [{status_name(code)}]", code)
+
+
+def check(code: int, status: KpoolStatus) -> None:
+    """Raise the error a non-OK call returned, with the runtime's message."""
+    if code != KPOOL_OK:
+        text = status.message.decode("utf-8", "replace") or status_name(code)
+        raise error_for(code, text)

@@ -1,0 +1,304 @@
+"""The drop-in API: the public functions of the Triton reference module, same
+names, arguments, defaults, output shapes and dtypes, on libkpool.so.
+
+Each function allocates its outputs the way the reference does (``torch.empty``
+on the input's device, or ``np.empty`` for numpy inputs), builds descriptors
+of the caller's memory and calls the C entry point, which validates every
+argument before anything is written. Caches are updated in place.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from . import _lib
+from ._lib import (
+    KPOOL_DTYPE_BFLOAT16,
+    KPOOL_DTYPE_FLOAT8_E4M3FN,
+    KPOOL_DTYPE_FLOAT32,
+    KPOOL_DTYPE_INT32,
+    KPOOL_DTYPE_INT64,
+    KPOOL_HEAD_DIM,
+    KpoolTypeError,
+)
+from ._tensors import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    Call,
+    as_int,
+    cast,
+    dtype_label,
+    empty,
+    is_float_dtype,
+    is_integer_dtype,
+    kpool_dtype,
+    new_status,
+    require_ndim,
+)
+
+# The indexer head dimension: the Hadamard transform is the 128-point one.
+INDEX_HEAD_DIM = KPOOL_HEAD_DIM
+
+
+def _i32(v, name):
+    return as_int(v, name, INT32_MIN, INT32_MAX)
+
+
+def _converted(x, name, code, *, integer=True):
+    """x, or a converted copy where the reference converts this argument too
+    (``.to(torch.int32)`` and the like); non-integer inputs are rejected."""
+    if x is None:
+        return None
+    have = kpool_dtype(x, name)
+    if have == code:
+        return x
+    if integer and not is_integer_dtype(x):
+        raise KpoolTypeError(f"{name} has dtype {dtype_label(x)}, expected an integer dtype")
+    return cast(x, code)
+
+
+def _run(fn_name, call, *args):
+    status = new_status()
+    code = getattr(_lib.load(), fn_name)(*args, call.exec(), status)
+    _lib.check(code, status)
+    return status
+
+
+# --- 1. FWHT + fp8 quant ----------------------------------------------------------
+def fwht128_quant_fp8(q):
+    """Hadamard-128 rotation of each bf16 row of ``q [rows, 128]``, then
+    per-row ue8m0-scaled e4m3 quantization.
+
+    Returns ``(q_fp8 [rows, 128] float8_e4m3fn, q_scale [rows, 1] float32)``
+    (numpy: uint8 codes and float32 scales).
+    """
+    rows = require_ndim(q, "q", (2,), "[rows, 128]")[0]
+    q_fp8 = empty(q, (rows, INDEX_HEAD_DIM), KPOOL_DTYPE_FLOAT8_E4M3FN)
+    q_scale = empty(q, (rows, 1), KPOOL_DTYPE_FLOAT32)
+    c = Call()
+    _run("kpool_fwht128_quant_fp8", c, c.tensor(q, "q", inner=True), c.tensor(q_fp8, "q_fp8", output=True),
+         c.tensor(q_scale, "q_scale", output=True))
+    return q_fp8, q_scale
+
+
+# --- 2. compress pools into the cache ------------------------------------------------
+def kpool_compress_and_write_cache(
+    kv_cache,
+    slot_k,
+    slot_score,
+    ape,
+    loc,
+    pool_size,
+    head_dim=INDEX_HEAD_DIM,
+    write_mask=None,
+    round_scale=True,
+    return_compressed=False,
+    write_cache=True,
+):
+    """Softmax-pool each pool's ``pool_size`` tokens, rotate, quantize, and
+    write one row (128 e4m3 bytes + one f32 scale) of the paged ``kv_cache``
+    at ``loc``, in place.
+
+    kv_cache uint8 ``[num_blocks, block_size, 132]`` (planar pages; may be
+    None when ``write_cache=False``); slot_k bf16 ``[n, P, 128]``; slot_score
+    bf16 or f32 ``[n, P, 128]`` (other float dtypes are converted to f32,
+    exactly as the reference's loads do); ape f32 ``[P, 128]``; loc int64
+    ``[n]``; write_mask bool ``[n]`` or None (pools whose flag is false write
+    nothing; not with ``return_compressed``).
+
+    Returns ``(compressed_k [n, 128] float8_e4m3fn, compressed_scale [n]
+    float32)`` when ``return_compressed``, else None.
+    """
+    n = require_ndim(slot_k, "slot_k", (3,), "[n_pools, pool_size, 128]")[0]
+    if slot_score is not None and is_float_dtype(slot_score) and kpool_dtype(slot_score, "slot_score") not in (
+            KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32):
+        slot_score = cast(slot_score, KPOOL_DTYPE_FLOAT32)
+    pool_size = _i32(pool_size, "pool_size")
+    head_dim = _i32(head_dim, "head_dim")
+    compressed_k = compressed_scale = None
+    if return_compressed:
+        compressed_k = empty(slot_k, (n, INDEX_HEAD_DIM), KPOOL_DTYPE_FLOAT8_E4M3FN)
+        compressed_scale = empty(slot_k, (n,), KPOOL_DTYPE_FLOAT32)
+    c = Call()
+    _run("kpool_compress_and_write_cache", c,
+         c.tensor(kv_cache if write_cache else None, "kv_cache", output=True),
+         c.tensor(slot_k, "slot_k", inner=True), c.tensor(slot_score, "slot_score", inner=True),
+         c.tensor(ape, "ape", inner=True), c.tensor(loc, "loc"), c.tensor(write_mask, "write_mask"),
+         c.tensor(compressed_k, "compressed_k", output=True),
+         c.tensor(compressed_scale, "compressed_scale", output=True),
+         pool_size, head_dim, int(bool(round_scale)), int(bool(write_cache)))
+    if return_compressed:
+        return compressed_k, compressed_scale
+    return None
+
+
+# --- 3. seed the tail rings ----------------------------------------------------------
+def kpool_seed_tail_cache(tail_kv_cache, key, gate_score, tslot, kpool, head_dim=INDEX_HEAD_DIM):
+    """Copy each request's last ``kpool`` (= pool size) prefill tokens, raw K
+    and gate score, into its tail ring, in place.
+
+    tail_kv_cache bf16 ``[num_blocks, 2, RING, 128]`` (block and half strides
+    free, e.g. a view of a padded allocation); key, gate_score bf16
+    ``[n, 128]``; tslot int32 or int64 ``[n]`` (``block * RING + pos % RING``,
+    negative = padding). Returns None.
+    """
+    c = Call()
+    _run("kpool_seed_tail_cache", c, c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
+         c.tensor(key, "key", inner=True), c.tensor(gate_score, "gate_score", inner=True),
+         c.tensor(tslot, "tslot"), _i32(kpool, "kpool"), _i32(head_dim, "head_dim"))
+    return None
+
+
+# --- 4. one decode step ----------------------------------------------------------------
+def kpool_decode_update_and_maybe_write_cache_batched(
+    kv_cache,
+    tail_kv_cache,
+    tail_slot_mapping,
+    key,
+    slot_score,
+    ape,
+    slot_mapping,
+    positions,
+    pool_size,
+    head_dim=INDEX_HEAD_DIM,
+    round_scale=True,
+    *,
+    return_skipped=False,
+):
+    """One decode step of ``B`` requests x ``N`` tokens, each request's tokens
+    in order: a token that completes a pool (``slot_mapping >= 0``,
+    ``pos % P == P-1``) compresses it from its tail ring plus itself and
+    writes it at ``slot_mapping``; then every token with ``pos >= 0`` and
+    ``tail_slot >= 0`` is stashed into its ring. Updates both caches in place.
+
+    int32 ``[B, N]`` tail_slot_mapping / slot_mapping / positions; bf16
+    ``[B, N, 128]`` key / slot_score; f32 ``[P, 128]`` ape.
+
+    Differs from the reference on one defect: a completion whose
+    ``tail_slot`` is negative has no tail ring to read, and writes nothing
+    (the reference compresses garbage from tail block 0, which may be
+    another request's). With ``return_skipped=True`` the call returns how
+    many such completions it skipped (as counted by the runtime); otherwise
+    it returns None like the reference.
+    """
+    c = Call()
+    status = _run("kpool_decode_update_and_maybe_write_cache_batched", c,
+                  c.tensor(kv_cache, "kv_cache", output=True),
+                  c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
+                  c.tensor(tail_slot_mapping, "tail_slot_mapping"), c.tensor(key, "key", inner=True),
+                  c.tensor(slot_score, "slot_score", inner=True), c.tensor(ape, "ape", inner=True),
+                  c.tensor(slot_mapping, "slot_mapping"), c.tensor(positions, "positions"),
+                  _i32(pool_size, "pool_size"), _i32(head_dim, "head_dim"), int(bool(round_scale)))
+    if return_skipped:
+        return int(status.skipped_completions)
+    return None
+
+
+# --- 5. pool-level top-k helpers --------------------------------------------------------
+def history_group_budget_for_topk(topk, pool_size):
+    """How many pools to select so that expanding them yields ``topk`` tokens
+    (``topk // pool_size``; ``topk`` must be a multiple of ``pool_size``)."""
+    groups = ctypes.c_int64()
+    status = new_status()
+    code = _lib.load().kpool_history_group_budget_for_topk(
+        as_int(topk, "topk", INT64_MIN, INT64_MAX), _i32(pool_size, "pool_size"), ctypes.byref(groups), status)
+    _lib.check(code, status)
+    return groups.value
+
+
+def _token_map(page_table, topk_offsets):
+    # The reference gathers from page_table whatever its integer dtype and
+    # converts the result to int32; offsets are added as int64.
+    return (_converted(page_table, "page_table", KPOOL_DTYPE_INT32),
+            _converted(topk_offsets, "topk_offsets", KPOOL_DTYPE_INT64))
+
+
+def _index_ids(ids, name):
+    # int32 / int64 as they are; other integer dtypes hold the same values as int64.
+    if kpool_dtype(ids, name) in (KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64):
+        return ids
+    return _converted(ids, name, KPOOL_DTYPE_INT64)
+
+
+def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table=None, topk_offsets=None):
+    """Expand selected pool ids ``[rows, topk / P]`` to token ids
+    ``[rows, topk]`` int32 (pool ``g`` -> tokens ``g*P .. g*P+P-1``), -1 where
+    ``group_valid`` is false; optionally through ``page_table [rows, W]``
+    (gather, index clamped to ``[0, W-1]``) or plus per-row ``topk_offsets``
+    (``[rows]`` or ``[rows, 1]``), not both."""
+    rows = require_ndim(group_ids, "group_ids", (2,), "[rows, topk / pool_size]")[0]
+    topk = _i32(topk, "topk")
+    pool_size = _i32(pool_size, "pool_size")
+    group_ids = _index_ids(group_ids, "group_ids")
+    page_table, topk_offsets = _token_map(page_table, topk_offsets)
+    out = empty(group_ids, (rows, max(topk, 0)), KPOOL_DTYPE_INT32)
+    c = Call()
+    _run("kpool_expand_pools_to_tokens", c, c.tensor(group_ids, "group_ids", inner=True),
+         c.tensor(group_valid, "group_valid", inner=True), c.tensor(page_table, "page_table"),
+         c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), topk, pool_size)
+    return out
+
+
+def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table=None, topk_offsets=None):
+    """Append each row's incomplete trailing pool (tokens
+    ``[pool_len * P, seq_len)``, then -1) after its ``topk_result [rows, C]``
+    int32 history: returns ``[rows, C + P - 1]`` int32. Tail token ids go
+    through ``page_table`` or get ``topk_offsets`` added (``[rows]`` or
+    ``[rows, 1]``; the reference mis-broadcasts the latter), not both.
+
+    With ``pool_size == 1`` there is no tail and ``topk_result`` itself is
+    returned, as in the reference.
+    """
+    if kpool_dtype(topk_result, "topk_result") != KPOOL_DTYPE_INT32:
+        raise KpoolTypeError(f"topk_result has dtype {dtype_label(topk_result)}, expected int32")
+    require_ndim(seq_lens, "seq_lens", (1,), "[rows]")
+    require_ndim(pool_lens, "pool_lens", (1,), "[rows]")
+    pool_size = _i32(pool_size, "pool_size")
+    if pool_size == 1:
+        return topk_result
+    rows, cols = require_ndim(topk_result, "topk_result", (2,), "[rows, cols]")
+    seq_lens = _converted(seq_lens, "seq_lens", KPOOL_DTYPE_INT32)
+    pool_lens = _converted(pool_lens, "pool_lens", KPOOL_DTYPE_INT32)
+    page_table, topk_offsets = _token_map(page_table, topk_offsets)
+    out = empty(topk_result, (rows, max(cols + pool_size - 1, 0)), KPOOL_DTYPE_INT32)
+    c = Call()
+    _run("kpool_append_tail_to_topk", c, c.tensor(topk_result, "topk_result", inner=True),
+         c.tensor(seq_lens, "seq_lens"), c.tensor(pool_lens, "pool_lens"), c.tensor(page_table, "page_table"),
+         c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), pool_size)
+    return out
+
+
+def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids=False):
+    """``expand_pools_to_tokens`` + ``append_tail_to_topk`` on the identity
+    path in one kernel: ``pool_ids [rows, G]`` (negative = none) and
+    ``seq_lens [rows]`` -> int32 ``[rows, G*P + P-1]``, the trailing pool
+    derived from ``seq_len // P``.
+
+    ``bound_pool_ids=True`` also treats ids ``>= seq_len // P`` as -1 (off by
+    default, for parity with the reference, which trusts them).
+    """
+    rows, groups = require_ndim(pool_ids, "pool_ids", (2,), "[rows, n_groups]")
+    pool_size = _i32(pool_size, "pool_size")
+    pool_ids = _index_ids(pool_ids, "pool_ids")
+    seq_lens = _converted(seq_lens, "seq_lens", KPOOL_DTYPE_INT32)
+    out = empty(pool_ids, (rows, max(groups * pool_size + pool_size - 1, 0)), KPOOL_DTYPE_INT32)
+    c = Call()
+    _run("kpool_expand_pools_and_append_tail", c, c.tensor(pool_ids, "pool_ids", inner=True),
+         c.tensor(seq_lens, "seq_lens"), c.tensor(out, "out", output=True), pool_size,
+         int(bool(bound_pool_ids)))
+    return out
+
+
+__all__ = [
+    "INDEX_HEAD_DIM",
+    "fwht128_quant_fp8",
+    "kpool_compress_and_write_cache",
+    "kpool_seed_tail_cache",
+    "kpool_decode_update_and_maybe_write_cache_batched",
+    "history_group_budget_for_topk",
+    "expand_pools_to_tokens",
+    "append_tail_to_topk",
+    "expand_pools_and_append_tail",
+]

@@ -1,0 +1,36 @@
+"""Prints the side-by-side results (kpool.testing.RESULTS) after the run, and
+writes them to $OUT/kpool_side_by_side.json when OUT is set."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
+
+
+def pytest_terminal_summary(terminalreporter):
+    kt = sys.modules.get("kpool.testing")
+    results = getattr(kt, "RESULTS", None) if kt else None
+    if not results:
+        return
+    tr = terminalreporter
+    tr.section("kpool vs reference, bit for bit")
+    ok = sum(r["ok"] for r in results)
+    for r in results:
+        flag = "ok  " if r["ok"] else "DIFF"
+        line = f"{flag} {r['test']:<15} {r['case']:<48} {r['bytes_compared']:>12} B"
+        if r["bytes_differing"]:
+            line += f", {r['bytes_differing']} differ"
+        if r["bytes_excused"]:
+            line += f", {r['bytes_excused']} excused"
+        if r["note"]:
+            line += f"  [{r['note']}]"
+        tr.write_line(line)
+    total = sum(r["bytes_compared"] for r in results)
+    tr.write_line(f"{ok} of {len(results)} comparisons identical; {total} bytes compared")
+    out = os.environ.get("OUT")
+    if out and os.path.isdir(out):
+        path = os.path.join(out, "kpool_side_by_side.json")
+        with open(path, "w") as f:
+            json.dump(dict(results=results), f, indent=1)
+        tr.write_line(f"wrote {path}")

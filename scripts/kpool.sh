@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine (python3, a C++ compiler and apt) and
+# for every later run: set up what is missing, build, run.
+#
+#   bash scripts/kpool.sh demo [demo options]   build, then build/tools/kpool demo
+#   bash scripts/kpool.sh test [ctest options]  build, then the whole test suite
+#   bash scripts/kpool.sh build                 set up and build only
+#
+# The set-up is idempotent and stays in the project: .venv/ (Halide, CMake and
+# Ninja from requirements.txt) and build/. Only GoogleTest comes from the
+# system (Debian's libgtest-dev / libgmock-dev), and only when it is missing.
+# KPOOL_BUILD_DIR overrides the build directory.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+venv="$root/.venv"
+build_dir=${KPOOL_BUILD_DIR:-$root/build}
+jobs=$(nproc 2>/dev/null || echo 4)
+
+log() { printf '[kpool.sh] %s\n' "$*"; }
+die() { printf '[kpool.sh] error: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+# Runs a command as root: directly, or through sudo when we are not root.
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        printf '[kpool.sh] need root (or sudo) for: %s\n' "$*" >&2
+        return 1
+    fi
+}
+
+apt_updated=no
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 || { printf '[kpool.sh] no apt-get to install: %s\n' "$*" >&2; return 1; }
+    if [ "$apt_updated" = no ]; then
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update || return 1
+        apt_updated=yes
+    fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "$@"
+}
+
+# .venv with the system python3, and the pinned requirements in it. A stamp
+# of requirements.txt's hash makes a second run skip pip.
+ensure_venv() {
+    if [ ! -x "$venv/bin/python" ]; then
+        local python
+        python=$(command -v python3) || die "python3 not found"
+        log "creating .venv with $python"
+        if ! "$python" -m venv "$venv"; then
+            # Debian and Ubuntu ship venv (ensurepip) as a separate package.
+            rm -rf "$venv"
+            local version
+            version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+            log "installing python3-venv"
+            apt_install python3-venv || apt_install "python${version}-venv" ||
+                die "cannot create a virtual environment: install python3-venv"
+            "$python" -m venv "$venv" || die "python3 -m venv failed"
+        fi
+    fi
+    local want have=""
+    want=$(sha256sum requirements.txt | cut -d' ' -f1)
+    [ -f "$venv/.kpool-requirements" ] && have=$(cat "$venv/.kpool-requirements")
+    if [ "$want" != "$have" ]; then
+        log "pip install -r requirements.txt"
+        "$venv/bin/python" -m pip install --disable-pip-version-check -r requirements.txt
+        echo "$want" >"$venv/.kpool-requirements"
+    fi
+}
+
+have_gtest() { [ -f /usr/include/gtest/gtest.h ] && [ -f /usr/include/gmock/gmock.h ]; }
+
+ensure_gtest() {
+    have_gtest && return 0
+    log "installing GoogleTest (libgtest-dev libgmock-dev)"
+    apt_install libgtest-dev libgmock-dev && have_gtest
+}
+
+configure() {
+    local with_tests=$1
+    # A build/ configured with another generator cannot be reused with Ninja.
+    if [ -f "$build_dir/CMakeCache.txt" ] &&
+        ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$build_dir/CMakeCache.txt"; then
+        log "$build_dir was configured with another generator; starting it afresh"
+        rm -rf "$build_dir/CMakeCache.txt" "$build_dir/CMakeFiles"
+    fi
+    local halide_dir
+    halide_dir=$("$venv/bin/python" -c 'import halide; print(halide.install_dir())')
+    "$venv/bin/cmake" -S "$root" -B "$build_dir" -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
+        -DCMAKE_PREFIX_PATH="$halide_dir" \
+        -DKPOOL_BUILD_TESTS="$with_tests"
+}
+
+build() {
+    local start status=0
+    start=$(date +%s.%N)
+    "$venv/bin/cmake" --build "$build_dir" -j "$jobs" "$@" || status=$?
+    log "$(awk -v s="$start" -v e="$(date +%s.%N)" -v j="$jobs" -v st="$status" \
+        'BEGIN { printf "build: %.1f s (-j%d)%s", e - s, j, st ? ", FAILED" : "" }')"
+    return "$status"
+}
+
+command=${1:-help}
+[ $# -gt 0 ] && shift
+case "$command" in
+    demo)
+        ensure_venv
+        # The demo needs no GoogleTest: without it, build the tool alone.
+        with_tests=ON
+        ensure_gtest || { log "GoogleTest unavailable: building without the test suite"; with_tests=OFF; }
+        configure "$with_tests"
+        build --target kpool_cli
+        exec "$build_dir/tools/kpool" demo "$@"
+        ;;
+    test)
+        ensure_venv
+        ensure_gtest || die "GoogleTest is missing and could not be installed (apt-get install libgtest-dev libgmock-dev)"
+        configure ON
+        build
+        exec "$venv/bin/ctest" --test-dir "$build_dir" --output-on-failure -j "$jobs" "$@"
+        ;;
+    build)
+        ensure_venv
+        with_tests=ON
+        ensure_gtest || { log "GoogleTest unavailable: building without the test suite"; with_tests=OFF; }
+        configure "$with_tests"
+        build
+        ;;
+    help | -h | --help)
+        usage
+        ;;
+    *)
+        usage >&2
+        die "unknown command: $command"
+        ;;
+esac

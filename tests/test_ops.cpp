@@ -1,0 +1,1115 @@
+// Every operation through the public C API against the scalar reference,
+// bit for bit, over the axes an engine varies: pool size, page size, padded
+// page / tail strides, ring size, next_n, masks, return paths, round_scale,
+// score and index dtypes, negative sentinels, empty inputs. Inputs are built
+// the way an engine builds them (random bf16 values, distinct slots from a
+// shuffled free list, caches full of random bytes so a stray write shows),
+// and every call is made twice to check that the results are deterministic.
+#include <climits>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "test_util.h"
+
+namespace kpool_test {
+namespace {
+
+using ::testing::Combine;
+using ::testing::Values;
+using ::testing::ValuesIn;
+
+const int kAllPoolSizes[] = {1, 2, 4, 8, 16, 32, 64};
+
+#define ASSERT_KPOOL_OK(expr, status)                                                   \
+    do {                                                                                \
+        const kpool_status_code rc_ = (expr);                                           \
+        ASSERT_EQ(rc_, KPOOL_OK) << kpool_status_name(rc_) << ": " << (status).message; \
+        ASSERT_EQ((status).code, KPOOL_OK) << (status).message;                        \
+    } while (0)
+
+kpool_exec cpu_exec() { return kpool_exec{nullptr}; }
+
+// The indexer cache [num_blocks, block_size, 132] uint8; with `padded` the
+// page stride is larger than block_size * 132 (and a multiple of 4).
+HostTensor make_kv_cache(int64_t num_blocks, int64_t block_size, bool padded) {
+    const int64_t page = block_size * kRowBytes + (padded ? 4 * 37 : 0);
+    return HostTensor(KPOOL_DTYPE_UINT8, {num_blocks, block_size, kRowBytes}, {page, kRowBytes, 1});
+}
+
+// The tail ring [num_blocks, 2, ring, 128] bf16; with `padded` both the half
+// and the block stride carry padding (the ring aliases a larger allocation).
+HostTensor make_tail_cache(int64_t num_blocks, int64_t ring, bool padded) {
+    const int64_t half = ring * kD + (padded ? 64 : 0);
+    const int64_t block = 2 * half + (padded ? 320 : 0);
+    return HostTensor(KPOOL_DTYPE_BFLOAT16, {num_blocks, 2, ring, kD}, {block, half, kD, 1});
+}
+
+std::string dtype_tag(kpool_dtype t) {
+    switch (t) {
+        case KPOOL_DTYPE_INT32: return "i32";
+        case KPOOL_DTYPE_INT64: return "i64";
+        case KPOOL_DTYPE_BFLOAT16: return "bf16";
+        case KPOOL_DTYPE_FLOAT32: return "f32";
+        case KPOOL_DTYPE_UINT8: return "u8";
+        case KPOOL_DTYPE_FLOAT8_E4M3FN: return "e4m3";
+        default: return "other";
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. fwht128_quant_fp8
+// ---------------------------------------------------------------------------
+
+using FwhtParam = std::tuple<int /*rows*/, bool /*scale [rows,1]*/, kpool_dtype /*q_fp8*/>;
+
+class FwhtTest : public ::testing::TestWithParam<FwhtParam> {};
+
+TEST_P(FwhtTest, MatchesReference) {
+    const auto [rows, scale_2d, fp8_dtype] = GetParam();
+    std::mt19937 rng(1000 + rows);
+    HostTensor q(KPOOL_DTYPE_BFLOAT16, {rows, kD});
+    fill_normal(q, rng, 2.0f);
+    // Edge rows: zeros (absmax floor), tiny, huge, one spike, alternating signs.
+    const float edge_sigma[] = {0.0f, 1e-7f, 1e30f, 1e-30f};
+    for (int r = 0; r < rows && r < 4; ++r) {
+        for (int d = 0; d < kD; ++d) q.set<uint16_t>({r, d}, random_bf16(rng, edge_sigma[r]));
+    }
+    if (rows > 4) {
+        for (int d = 0; d < kD; ++d) q.set<uint16_t>({4, d}, bf16_of(d == 17 ? 3e4f : 0.0f));
+    }
+    if (rows > 5) {
+        for (int d = 0; d < kD; ++d) q.set<uint16_t>({5, d}, bf16_of(d % 2 ? -448.0f : 448.0f));
+    }
+
+    const std::vector<int64_t> scale_shape =
+        scale_2d ? std::vector<int64_t>{rows, 1} : std::vector<int64_t>{rows};
+    HostTensor fp8_ref(fp8_dtype, {rows, kD}), scale_ref(KPOOL_DTYPE_FLOAT32, scale_shape);
+    fp8_ref.fill_random_bytes(rng);
+    scale_ref.fill_random_bytes(rng);
+    HostTensor fp8_api = fp8_ref, scale_api = scale_ref, fp8_again = fp8_ref, scale_again = scale_ref;
+
+    const kpool_tensor qd = q.desc();
+    {
+        const kpool_tensor f = fp8_ref.desc(), s = scale_ref.desc();
+        kpool_ref::fwht128_quant_fp8(&qd, &f, &s);
+    }
+    for (auto *pair : {&fp8_api, &fp8_again}) {
+        HostTensor &fp8 = *pair;
+        HostTensor &scale = pair == &fp8_api ? scale_api : scale_again;
+        const kpool_tensor f = fp8.desc(), s = scale.desc();
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_fwht128_quant_fp8(&qd, &f, &s, &ex, &st), st);
+    }
+    EXPECT_BYTES_EQ(fp8_ref, fp8_api);
+    EXPECT_BYTES_EQ(scale_ref, scale_api);
+    EXPECT_BYTES_EQ(fp8_api, fp8_again);
+    EXPECT_BYTES_EQ(scale_api, scale_again);
+}
+
+INSTANTIATE_TEST_SUITE_P(Rows, FwhtTest,
+                         Combine(Values(0, 1, 7, 64, 515), Values(false, true),
+                                 Values(KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_UINT8)),
+                         [](const auto &info) {
+                             return "rows" + std::to_string(std::get<0>(info.param)) +
+                                    (std::get<1>(info.param) ? "_scale2d" : "_scale1d") + "_" +
+                                    dtype_tag(std::get<2>(info.param));
+                         });
+
+// ---------------------------------------------------------------------------
+// 2. compress_and_write_cache
+// ---------------------------------------------------------------------------
+
+enum class CompressMode {
+    kWrite,            // write_cache only
+    kWriteMasked,      // write_cache with a write_mask
+    kWriteAndReturn,   // write_cache + return_compressed
+    kReturnOnly,       // return_compressed, write_cache = 0, kv_cache given (untouched)
+    kReturnOnlyNoCache // return_compressed, write_cache = 0, kv_cache NULL
+};
+
+std::string mode_tag(CompressMode m) {
+    switch (m) {
+        case CompressMode::kWrite: return "write";
+        case CompressMode::kWriteMasked: return "masked";
+        case CompressMode::kWriteAndReturn: return "writeReturn";
+        case CompressMode::kReturnOnly: return "returnOnly";
+        case CompressMode::kReturnOnlyNoCache: return "returnNoCache";
+    }
+    return "";
+}
+
+// Engine-shaped compress inputs for n pools of P tokens.
+struct CompressInputs {
+    HostTensor slot_k, slot_score, ape, loc, write_mask;
+};
+
+CompressInputs make_compress_inputs(std::mt19937 &rng, int64_t n, int P, kpool_dtype score_dtype,
+                                    int64_t cache_slots) {
+    CompressInputs in;
+    in.slot_k = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, P, kD});
+    in.slot_score = HostTensor(score_dtype, {n, P, kD});
+    in.ape = HostTensor(KPOOL_DTYPE_FLOAT32, {P, kD});
+    fill_normal(in.slot_k, rng, 1.0f);
+    fill_normal(in.slot_score, rng, 2.0f);
+    fill_normal(in.ape, rng, 0.5f);
+    // Edge pools: zero K (absmax floor), tiny K, huge K, scores so spread
+    // that most weights underflow to subnormals or zero, and equal scores.
+    for (int64_t i = 0; i < n && i < 5; ++i) {
+        for (int j = 0; j < P; ++j) {
+            for (int d = 0; d < kD; ++d) {
+                const float k_sigma[] = {0.0f, 1e-7f, 1e25f, 1.0f, 3.0f};
+                in.slot_k.set<uint16_t>({i, j, d}, random_bf16(rng, k_sigma[i]));
+                if (i == 3) {
+                    std::normal_distribution<float> wide(0.0f, 60.0f);
+                    const float s = wide(rng);
+                    if (score_dtype == KPOOL_DTYPE_BFLOAT16) {
+                        in.slot_score.set<uint16_t>({i, j, d}, bf16_of(s));
+                    } else {
+                        in.slot_score.set<float>({i, j, d}, s);
+                    }
+                }
+                if (i == 4) {
+                    if (score_dtype == KPOOL_DTYPE_BFLOAT16) {
+                        in.slot_score.set<uint16_t>({i, j, d}, bf16_of(0.25f));
+                    } else {
+                        in.slot_score.set<float>({i, j, d}, 0.25f);
+                    }
+                }
+            }
+        }
+    }
+    in.loc = HostTensor(KPOOL_DTYPE_INT64, {n});
+    // Distinct slots; pool 12 gets slot 0 and the last pool the very last slot.
+    std::vector<int64_t> slots = distinct_slots(rng, std::max<int64_t>(cache_slots - 2, 0), n);
+    for (int64_t &slot : slots) slot += 1;
+    if (n > 12) {
+        slots[12] = 0;
+        slots[n - 1] = cache_slots - 1;
+    }
+    for (int64_t i = 0; i < n; ++i) in.loc.set<int64_t>({i}, slots[i]);
+    // Negative sentinels of several kinds: "no write" (pools 6, 13, 20, 27).
+    const int64_t sentinels[] = {-1, std::numeric_limits<int64_t>::min(), -1234567, -2};
+    for (int k = 0; k < 4; ++k) {
+        const int64_t i = 6 + 7 * k;
+        if (i < n) in.loc.set<int64_t>({i}, sentinels[k]);
+    }
+    in.write_mask = HostTensor(KPOOL_DTYPE_BOOL, {n});
+    std::bernoulli_distribution keep(0.6);
+    for (int64_t i = 0; i < n; ++i) in.write_mask.set<uint8_t>({i}, keep(rng) ? 1 : 0);
+    return in;
+}
+
+using CompressParam = std::tuple<int /*P*/, kpool_dtype /*score*/, int /*layout*/,
+                                 bool /*round_scale*/, CompressMode>;
+
+// Layouts: (block_size, padded page stride).
+struct CacheLayout {
+    int block_size;
+    bool padded;
+};
+const CacheLayout kCacheLayouts[] = {{16, false}, {64, false}, {16, true}, {64, true}};
+
+class CompressTest : public ::testing::TestWithParam<CompressParam> {};
+
+TEST_P(CompressTest, MatchesReference) {
+    const auto [P, score_dtype, layout_index, round_scale, mode] = GetParam();
+    const CacheLayout layout = kCacheLayouts[layout_index];
+    std::mt19937 rng(20000 + P * 97 + layout_index * 7 + int(mode) * 3 + round_scale);
+    const int64_t n = 37;
+    const int64_t num_blocks = (3 * n) / layout.block_size + 2;
+    HostTensor cache = make_kv_cache(num_blocks, layout.block_size, layout.padded);
+    cache.fill_random_bytes(rng);
+    CompressInputs in =
+        make_compress_inputs(rng, n, P, score_dtype, num_blocks * layout.block_size);
+
+    const bool masked = mode == CompressMode::kWriteMasked;
+    const bool write_cache = mode == CompressMode::kWrite || masked ||
+                             mode == CompressMode::kWriteAndReturn;
+    const bool ret = mode == CompressMode::kWriteAndReturn || mode == CompressMode::kReturnOnly ||
+                     mode == CompressMode::kReturnOnlyNoCache;
+    const bool cache_given = mode != CompressMode::kReturnOnlyNoCache;
+    const kpool_dtype ck_dtype =
+        layout.block_size == 16 ? KPOOL_DTYPE_FLOAT8_E4M3FN : KPOOL_DTYPE_UINT8;
+    HostTensor ck(ck_dtype, {n, kD}), cs(KPOOL_DTYPE_FLOAT32, {n});
+    ck.fill_random_bytes(rng);
+    cs.fill_random_bytes(rng);
+
+    struct Outputs {
+        HostTensor cache, ck, cs;
+    };
+    Outputs ref{cache, ck, cs}, api{cache, ck, cs}, again{cache, ck, cs};
+    const kpool_tensor k = in.slot_k.desc(), s = in.slot_score.desc(), a = in.ape.desc(),
+                       l = in.loc.desc(), m = in.write_mask.desc();
+    {
+        const kpool_tensor c = ref.cache.desc(), kd = ref.ck.desc(), sd = ref.cs.desc();
+        kpool_ref::compress_and_write_cache(opt(c, cache_given), &k, &s, &a, &l, opt(m, masked),
+                                            opt(kd, ret), opt(sd, ret), P, kD, round_scale,
+                                            write_cache);
+    }
+    for (Outputs *o : {&api, &again}) {
+        const kpool_tensor c = o->cache.desc(), kd = o->ck.desc(), sd = o->cs.desc();
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_compress_and_write_cache(opt(c, cache_given), &k, &s, &a, &l,
+                                                       opt(m, masked), opt(kd, ret), opt(sd, ret),
+                                                       P, kD, round_scale, write_cache, &ex, &st),
+                        st);
+    }
+    EXPECT_BYTES_EQ(ref.cache, api.cache);
+    EXPECT_BYTES_EQ(ref.ck, api.ck);
+    EXPECT_BYTES_EQ(ref.cs, api.cs);
+    EXPECT_BYTES_EQ(api.cache, again.cache);
+    EXPECT_BYTES_EQ(api.ck, again.ck);
+    EXPECT_BYTES_EQ(api.cs, again.cs);
+    // The test is only as good as its writes: the reference must have changed something.
+    if (write_cache) {
+        EXPECT_NE(ref.cache.bytes(), cache.bytes());
+    } else {
+        EXPECT_BYTES_EQ(cache, api.cache);
+    }
+    if (ret) {
+        EXPECT_NE(ref.cs.bytes(), cs.bytes());
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, CompressTest,
+    Combine(ValuesIn(kAllPoolSizes), Values(KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32),
+            Values(0, 1, 2, 3), Values(true, false),
+            Values(CompressMode::kWrite, CompressMode::kWriteMasked, CompressMode::kWriteAndReturn,
+                   CompressMode::kReturnOnly, CompressMode::kReturnOnlyNoCache)),
+    [](const auto &info) {
+        const CacheLayout l = kCacheLayouts[std::get<2>(info.param)];
+        return "P" + std::to_string(std::get<0>(info.param)) + "_" +
+               dtype_tag(std::get<1>(info.param)) + "_page" + std::to_string(l.block_size) +
+               (l.padded ? "pad" : "") + (std::get<3>(info.param) ? "_ue8m0" : "_linear") + "_" +
+               mode_tag(std::get<4>(info.param));
+    });
+
+TEST(CompressEdge, EmptyBatch) {
+    for (int P : {4, 16}) {
+        for (bool ret : {false, true}) {
+            std::mt19937 rng(5);
+            HostTensor cache = make_kv_cache(4, 16, false);
+            cache.fill_random_bytes(rng);
+            HostTensor before = cache;
+            CompressInputs in = make_compress_inputs(rng, 0, P, KPOOL_DTYPE_BFLOAT16, 64);
+            HostTensor ck(KPOOL_DTYPE_UINT8, {0, kD}), cs(KPOOL_DTYPE_FLOAT32, {0});
+            const kpool_tensor c = cache.desc(), k = in.slot_k.desc(), s = in.slot_score.desc(),
+                               a = in.ape.desc(), l = in.loc.desc(), kd = ck.desc(), sd = cs.desc();
+            kpool_status st{};
+            const kpool_exec ex = cpu_exec();
+            ASSERT_KPOOL_OK(kpool_compress_and_write_cache(&c, &k, &s, &a, &l, nullptr,
+                                                           opt(kd, ret), opt(sd, ret), P, kD, 1, 1,
+                                                           &ex, &st),
+                            st);
+            EXPECT_BYTES_EQ(before, cache);
+        }
+    }
+}
+
+// An engine hands over empty tensors with a NULL data pointer (torch does).
+TEST(CompressEdge, EmptyBatchWithNullData) {
+    HostTensor cache = make_kv_cache(4, 16, false);
+    HostTensor k(KPOOL_DTYPE_BFLOAT16, {0, 4, kD}), s(KPOOL_DTYPE_BFLOAT16, {0, 4, kD}),
+        a(KPOOL_DTYPE_FLOAT32, {4, kD}), l(KPOOL_DTYPE_INT64, {0});
+    kpool_tensor c = cache.desc(), kd = k.desc(), sd = s.desc(), ad = a.desc(), ld = l.desc();
+    kd.data = sd.data = ld.data = nullptr;
+    kpool_status st{};
+    const kpool_exec ex = cpu_exec();
+    ASSERT_KPOOL_OK(kpool_compress_and_write_cache(&c, &kd, &sd, &ad, &ld, nullptr, nullptr,
+                                                   nullptr, 4, kD, 1, 1, &ex, &st),
+                    st);
+}
+
+// ---------------------------------------------------------------------------
+// 3. seed_tail_cache
+// ---------------------------------------------------------------------------
+
+using SeedParam = std::tuple<int /*P*/, int /*ring = P * this*/, kpool_dtype /*tslot*/, bool /*padded*/>;
+
+class SeedTest : public ::testing::TestWithParam<SeedParam> {};
+
+// A prefill batch: requests of various lengths, contiguous, each with its own
+// tail block, starting at random prefix positions, with padding between and
+// after them.
+struct SeedInputs {
+    HostTensor key, gate_score, tslot;
+};
+
+SeedInputs make_seed_inputs(std::mt19937 &rng, int P, int64_t ring, kpool_dtype tslot_dtype,
+                            int64_t num_blocks) {
+    const int64_t lengths[] = {1, std::max(1, P - 1), P, P + 1, 2 * P + 3, 3 * P};
+    const int num_requests = 6;
+    const std::vector<int64_t> blocks = distinct_slots(rng, num_blocks, num_requests);
+    std::vector<int64_t> slots;
+    const int64_t min_sentinel = tslot_dtype == KPOOL_DTYPE_INT32
+                                     ? int64_t(std::numeric_limits<int32_t>::min())
+                                     : std::numeric_limits<int64_t>::min();
+    for (int r = 0; r < num_requests; ++r) {
+        const int64_t start = std::uniform_int_distribution<int64_t>(0, 4 * P)(rng);
+        for (int64_t t = 0; t < lengths[r]; ++t) {
+            slots.push_back(blocks[r] * ring + (start + t) % ring);
+        }
+        if (r == 2) {
+            slots.push_back(-1);
+            slots.push_back(-1);
+        }
+        if (r == 3) slots.push_back(-7);
+    }
+    slots.push_back(-1);
+    slots.push_back(min_sentinel);
+    slots.push_back(-1);
+    const int64_t n = static_cast<int64_t>(slots.size());
+    SeedInputs in;
+    in.key = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, kD});
+    in.gate_score = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, kD});
+    fill_normal(in.key, rng);
+    fill_normal(in.gate_score, rng, 2.0f);
+    in.tslot = HostTensor(tslot_dtype, {n});
+    for (int64_t i = 0; i < n; ++i) in.tslot.set_int({i}, slots[i]);
+    return in;
+}
+
+TEST_P(SeedTest, MatchesReference) {
+    const auto [P, ring_mult, tslot_dtype, padded] = GetParam();
+    const int64_t ring = int64_t(P) * ring_mult;
+    std::mt19937 rng(30000 + P * 13 + ring_mult * 5 + padded + (tslot_dtype == KPOOL_DTYPE_INT64));
+    const int64_t num_blocks = 11;
+    HostTensor tail = make_tail_cache(num_blocks, ring, padded);
+    tail.fill_random_bytes(rng);
+    SeedInputs in = make_seed_inputs(rng, P, ring, tslot_dtype, num_blocks);
+    HostTensor ref = tail, api = tail, again = tail;
+    const kpool_tensor k = in.key.desc(), g = in.gate_score.desc(), t = in.tslot.desc();
+    {
+        const kpool_tensor td = ref.desc();
+        kpool_ref::seed_tail_cache(&td, &k, &g, &t, P, kD);
+    }
+    for (HostTensor *out : {&api, &again}) {
+        const kpool_tensor td = out->desc();
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_seed_tail_cache(&td, &k, &g, &t, P, kD, &ex, &st), st);
+    }
+    EXPECT_BYTES_EQ(ref, api);
+    EXPECT_BYTES_EQ(api, again);
+    EXPECT_NE(ref.bytes(), tail.bytes());
+}
+
+INSTANTIATE_TEST_SUITE_P(All, SeedTest,
+                         Combine(ValuesIn(kAllPoolSizes), Values(1, 2),
+                                 Values(KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64), Values(false, true)),
+                         [](const auto &info) {
+                             return "P" + std::to_string(std::get<0>(info.param)) + "_ring" +
+                                    std::to_string(std::get<1>(info.param)) + "P_" +
+                                    dtype_tag(std::get<2>(info.param)) +
+                                    (std::get<3>(info.param) ? "_padded" : "_dense");
+                         });
+
+TEST(SeedEdge, EmptyBatch) {
+    for (kpool_dtype dt : {KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64}) {
+        std::mt19937 rng(6);
+        HostTensor tail = make_tail_cache(3, 16, true);
+        tail.fill_random_bytes(rng);
+        HostTensor before = tail;
+        HostTensor key(KPOOL_DTYPE_BFLOAT16, {0, kD}), gate(KPOOL_DTYPE_BFLOAT16, {0, kD}),
+            tslot(dt, {0});
+        const kpool_tensor td = tail.desc(), k = key.desc(), g = gate.desc(), t = tslot.desc();
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_seed_tail_cache(&td, &k, &g, &t, 16, kD, &ex, &st), st);
+        EXPECT_BYTES_EQ(before, tail);
+    }
+}
+
+// All tokens of the batch are padding: nothing is written.
+TEST(SeedEdge, AllSentinels) {
+    std::mt19937 rng(8);
+    HostTensor tail = make_tail_cache(3, 4, false);
+    tail.fill_random_bytes(rng);
+    HostTensor before = tail;
+    const int64_t n = 9;
+    HostTensor key(KPOOL_DTYPE_BFLOAT16, {n, kD}), gate(KPOOL_DTYPE_BFLOAT16, {n, kD}),
+        tslot(KPOOL_DTYPE_INT64, {n});
+    fill_normal(key, rng);
+    fill_normal(gate, rng);
+    for (int64_t i = 0; i < n; ++i) {
+        tslot.set<int64_t>({i}, i % 2 ? -1 : std::numeric_limits<int64_t>::min() + i);
+    }
+    const kpool_tensor td = tail.desc(), k = key.desc(), g = gate.desc(), t = tslot.desc();
+    kpool_status st{};
+    const kpool_exec ex = cpu_exec();
+    ASSERT_KPOOL_OK(kpool_seed_tail_cache(&td, &k, &g, &t, 4, kD, &ex, &st), st);
+    EXPECT_BYTES_EQ(before, tail);
+}
+
+// ---------------------------------------------------------------------------
+// 4. decode_update_and_maybe_write_cache_batched
+// ---------------------------------------------------------------------------
+
+struct DecodeInputs {
+    HostTensor tail_slot_mapping, key, slot_score, ape, slot_mapping, positions;
+};
+
+// B requests x N tokens: each request has its own tail block and consecutive
+// positions; slot_mapping is set on the tokens that complete a pool. Request
+// 1 also carries slot_mapping on non-completing tokens (ignored) and -1 on a
+// completing one (no write); request 2 ends in padding; request 3 is all
+// padding (with stray non-negative slots that must be ignored); request 4
+// runs up to position INT32_MAX.
+DecodeInputs make_decode_inputs(std::mt19937 &rng, int64_t B, int64_t N, int P, int64_t ring,
+                                int64_t tail_blocks, int64_t cache_slots) {
+    DecodeInputs in;
+    in.tail_slot_mapping = HostTensor(KPOOL_DTYPE_INT32, {B, N});
+    in.slot_mapping = HostTensor(KPOOL_DTYPE_INT32, {B, N});
+    in.positions = HostTensor(KPOOL_DTYPE_INT32, {B, N});
+    in.key = HostTensor(KPOOL_DTYPE_BFLOAT16, {B, N, kD});
+    in.slot_score = HostTensor(KPOOL_DTYPE_BFLOAT16, {B, N, kD});
+    in.ape = HostTensor(KPOOL_DTYPE_FLOAT32, {P, kD});
+    fill_normal(in.key, rng);
+    fill_normal(in.slot_score, rng, 2.0f);
+    fill_normal(in.ape, rng, 0.5f);
+    const std::vector<int64_t> blocks = distinct_slots(rng, tail_blocks, B);
+    const std::vector<int64_t> locs = distinct_slots(rng, cache_slots, B * N);
+    for (int64_t b = 0; b < B; ++b) {
+        int64_t start = std::uniform_int_distribution<int64_t>(0, 3 * P)(rng);
+        if (b % 5 == 4) start = int64_t(std::numeric_limits<int32_t>::max()) - N + 1;
+        int completing_seen = 0;
+        for (int64_t t = 0; t < N; ++t) {
+            const int64_t pos = start + t;
+            const bool completes = pos % P == P - 1;
+            int64_t tail_slot = blocks[b] * ring + pos % ring;
+            int64_t slot = completes ? locs[b * N + t] : -1;
+            int64_t p = pos;
+            if (b % 5 == 1) {
+                if (!completes && t % 2 == 0) slot = locs[b * N + t];  // ignored: not a completion
+                if (completes && completing_seen++ == 1) slot = -1;    // a completion with no write
+            }
+            if (b % 5 == 2 && t >= (N + 1) / 2) {
+                p = -1;
+                tail_slot = -1;
+                slot = -1;
+            }
+            if (b % 5 == 3) {
+                p = t % 2 ? -1 : std::numeric_limits<int32_t>::min();
+                slot = t % 3 == 0 ? locs[b * N + t] : -1;  // pos < 0: never written
+                tail_slot = t % 3 == 1 ? blocks[b] * ring : -1;
+            }
+            in.positions.set<int32_t>({b, t}, static_cast<int32_t>(p));
+            in.tail_slot_mapping.set<int32_t>({b, t}, static_cast<int32_t>(tail_slot));
+            in.slot_mapping.set<int32_t>({b, t}, static_cast<int32_t>(slot));
+        }
+    }
+    return in;
+}
+
+struct DecodeRun {
+    HostTensor cache, tail;
+    int64_t skipped = 0;
+};
+
+// Runs the reference, then the API twice, on copies of cache and tail.
+void run_decode_both(const HostTensor &cache, const HostTensor &tail, const DecodeInputs &in, int P,
+                     bool round_scale, DecodeRun &ref, DecodeRun &api, DecodeRun &again) {
+    ref = api = again = DecodeRun{cache, tail, 0};
+    const kpool_tensor tsm = in.tail_slot_mapping.desc(), k = in.key.desc(),
+                       s = in.slot_score.desc(), a = in.ape.desc(), sm = in.slot_mapping.desc(),
+                       pos = in.positions.desc();
+    {
+        const kpool_tensor c = ref.cache.desc(), t = ref.tail.desc();
+        ref.skipped = kpool_ref::decode_update_and_maybe_write_cache_batched(
+            &c, &t, &tsm, &k, &s, &a, &sm, &pos, P, kD, round_scale);
+    }
+    for (DecodeRun *run : {&api, &again}) {
+        const kpool_tensor c = run->cache.desc(), t = run->tail.desc();
+        kpool_status st{};
+        st.skipped_completions = -12345;
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_decode_update_and_maybe_write_cache_batched(
+                            &c, &t, &tsm, &k, &s, &a, &sm, &pos, P, kD, round_scale, &ex, &st),
+                        st);
+        run->skipped = st.skipped_completions;
+    }
+}
+
+using DecodeParam = std::tuple<int /*P*/, int /*ring = P * this*/, int /*next_n kind*/,
+                               bool /*padded*/, bool /*round_scale*/>;
+
+int64_t next_n_of(int kind, int P) {
+    switch (kind) {
+        case 0: return 1;
+        case 1: return std::max(1, P - 1);  // below P
+        default: return P + 3;              // above P (the ring wraps within the call)
+    }
+}
+
+class DecodeTest : public ::testing::TestWithParam<DecodeParam> {};
+
+TEST_P(DecodeTest, MatchesReference) {
+    const auto [P, ring_mult, n_kind, padded, round_scale] = GetParam();
+    const int64_t ring = int64_t(P) * ring_mult;
+    const int64_t N = next_n_of(n_kind, P);
+    const int64_t B = 5;
+    std::mt19937 rng(40000 + P * 31 + ring_mult * 7 + n_kind * 3 + padded * 2 + round_scale);
+    const int block_size = padded ? 64 : 16;
+    const int64_t num_blocks = std::max<int64_t>(4, (2 * B * N) / block_size + 2);
+    const int64_t tail_blocks = B + 4;
+    HostTensor cache = make_kv_cache(num_blocks, block_size, padded);
+    cache.fill_random_bytes(rng);
+    // The ring holds what earlier steps stashed: finite bf16 values.
+    HostTensor tail = make_tail_cache(tail_blocks, ring, padded);
+    fill_normal(tail, rng, 1.5f);
+    const DecodeInputs in =
+        make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size);
+    DecodeRun ref, api, again;
+    run_decode_both(cache, tail, in, P, round_scale, ref, api, again);
+    if (HasFatalFailure()) return;
+    EXPECT_BYTES_EQ(ref.cache, api.cache);
+    EXPECT_BYTES_EQ(ref.tail, api.tail);
+    EXPECT_EQ(ref.skipped, 0);
+    EXPECT_EQ(api.skipped, 0);
+    EXPECT_BYTES_EQ(api.cache, again.cache);
+    EXPECT_BYTES_EQ(api.tail, again.tail);
+    EXPECT_NE(ref.tail.bytes(), tail.bytes());
+    // With N >= P (or P == 1) every normal request completes a pool.
+    if (N >= P) {
+        EXPECT_NE(ref.cache.bytes(), cache.bytes());
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, DecodeTest,
+                         Combine(ValuesIn(kAllPoolSizes), Values(1, 2), Values(0, 1, 2),
+                                 Values(false, true), Values(true, false)),
+                         [](const auto &info) {
+                             const int P = std::get<0>(info.param);
+                             return "P" + std::to_string(P) + "_ring" +
+                                    std::to_string(std::get<1>(info.param)) + "P_" +
+                                    (std::get<2>(info.param) == 0   ? "n"
+                                     : std::get<2>(info.param) == 1 ? "nBelowP"
+                                                                    : "nAboveP") +
+                                    std::to_string(next_n_of(std::get<2>(info.param), P)) +
+                                    (std::get<3>(info.param) ? "_padded" : "_dense") +
+                                    (std::get<4>(info.param) ? "_ue8m0" : "_linear");
+                         });
+
+// A pool completion whose tail slot is negative has no tail block: it writes
+// nothing (the reference would read block 0) and is counted in the status.
+TEST(DecodeEdge, CompletionWithoutTailSlotIsSkippedAndCounted) {
+    for (int P : {1, 4, 16}) {
+        SCOPED_TRACE("P = " + std::to_string(P));
+        std::mt19937 rng(50 + P);
+        const int64_t ring = P, B = 3, N = P + 1;
+        HostTensor cache = make_kv_cache(8, 16, true);
+        cache.fill_random_bytes(rng);
+        HostTensor tail = make_tail_cache(B + 2, ring, true);
+        fill_normal(tail, rng);
+        DecodeInputs in = make_decode_inputs(rng, B, N, P, ring, B + 2, 8 * 16);
+        // Request 0: every token valid, then drop the tail slot of each completion.
+        int64_t dropped = 0;
+        for (int64_t t = 0; t < N; ++t) {
+            if (in.slot_mapping.get<int32_t>({0, t}) >= 0) {
+                in.tail_slot_mapping.set<int32_t>({0, t}, -1);
+                ++dropped;
+            }
+        }
+        ASSERT_GT(dropped, 0);
+        DecodeRun ref, api, again;
+        run_decode_both(cache, tail, in, P, true, ref, api, again);
+        if (HasFatalFailure()) return;
+        EXPECT_EQ(ref.skipped, dropped);
+        EXPECT_EQ(api.skipped, dropped);
+        EXPECT_EQ(again.skipped, dropped);
+        EXPECT_BYTES_EQ(ref.cache, api.cache);
+        EXPECT_BYTES_EQ(ref.tail, api.tail);
+        // Nothing at the skipped slots: neither the K row nor the scale.
+        for (int64_t t = 0; t < N; ++t) {
+            const int64_t loc = in.slot_mapping.get<int32_t>({0, t});
+            if (loc < 0) continue;
+            const int64_t page = loc / 16, off = loc % 16, page_base = page * cache.strides()[0];
+            for (int64_t b = 0; b < kD; ++b) {
+                ASSERT_EQ(api.cache.bytes()[page_base + off * kD + b],
+                          cache.bytes()[page_base + off * kD + b])
+                    << "K row of skipped slot " << loc;
+            }
+            for (int64_t b = 0; b < 4; ++b) {
+                ASSERT_EQ(api.cache.bytes()[page_base + 16 * kD + off * 4 + b],
+                          cache.bytes()[page_base + 16 * kD + off * 4 + b])
+                    << "scale of skipped slot " << loc;
+            }
+        }
+    }
+}
+
+TEST(DecodeEdge, EmptyBatch) {
+    for (auto [B, N] : {std::pair<int64_t, int64_t>{0, 1}, {3, 0}, {0, 0}}) {
+        std::mt19937 rng(9);
+        HostTensor cache = make_kv_cache(4, 16, false);
+        cache.fill_random_bytes(rng);
+        HostTensor tail = make_tail_cache(4, 4, false);
+        tail.fill_random_bytes(rng);
+        const HostTensor cache0 = cache, tail0 = tail;
+        DecodeInputs in = make_decode_inputs(rng, B, N, 4, 4, 4, 64);
+        const kpool_tensor c = cache.desc(), t = tail.desc(), tsm = in.tail_slot_mapping.desc(),
+                           k = in.key.desc(), s = in.slot_score.desc(), a = in.ape.desc(),
+                           sm = in.slot_mapping.desc(), pos = in.positions.desc();
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_decode_update_and_maybe_write_cache_batched(
+                            &c, &t, &tsm, &k, &s, &a, &sm, &pos, 4, kD, 1, &ex, &st),
+                        st);
+        EXPECT_EQ(st.skipped_completions, 0);
+        EXPECT_BYTES_EQ(cache0, cache);
+        EXPECT_BYTES_EQ(tail0, tail);
+    }
+}
+
+// Seed a prefill, then decode tokens one call at a time, as an engine does:
+// after each call the caches match the reference run of the same sequence.
+TEST(DecodeEdge, SeedThenDecodeChain) {
+    for (int P : {4, 16}) {
+        SCOPED_TRACE("P = " + std::to_string(P));
+        std::mt19937 rng(77 + P);
+        const int64_t ring = 2 * P, tail_blocks = 4, block_size = 16;
+        HostTensor cache = make_kv_cache(16, block_size, true);
+        cache.fill_random_bytes(rng);
+        HostTensor tail = make_tail_cache(tail_blocks, ring, true);
+        tail.fill_random_bytes(rng);
+        // Prefill: one request of 3P + 2 tokens in block 2.
+        const int64_t prefill = 3 * P + 2, block = 2;
+        HostTensor key(KPOOL_DTYPE_BFLOAT16, {prefill, kD}), gate(KPOOL_DTYPE_BFLOAT16, {prefill, kD}),
+            tslot(KPOOL_DTYPE_INT64, {prefill});
+        fill_normal(key, rng);
+        fill_normal(gate, rng, 2.0f);
+        for (int64_t i = 0; i < prefill; ++i) tslot.set<int64_t>({i}, block * ring + i % ring);
+        HostTensor cache_ref = cache, tail_ref = tail;
+        {
+            const kpool_tensor td = tail_ref.desc(), k = key.desc(), g = gate.desc(), t = tslot.desc();
+            kpool_ref::seed_tail_cache(&td, &k, &g, &t, P, kD);
+            const kpool_tensor ta = tail.desc();
+            kpool_status st{};
+            const kpool_exec ex = cpu_exec();
+            ASSERT_KPOOL_OK(kpool_seed_tail_cache(&ta, &k, &g, &t, P, kD, &ex, &st), st);
+        }
+        ASSERT_BYTES_EQ(tail_ref, tail);
+        std::vector<int64_t> free_slots = distinct_slots(rng, 16 * block_size, 16 * block_size);
+        for (int64_t pos = prefill; pos < prefill + 2 * P + 1; ++pos) {
+            DecodeInputs in = make_decode_inputs(rng, 1, 1, P, ring, tail_blocks, 16 * block_size);
+            in.positions.set<int32_t>({0, 0}, static_cast<int32_t>(pos));
+            in.tail_slot_mapping.set<int32_t>({0, 0}, static_cast<int32_t>(block * ring + pos % ring));
+            in.slot_mapping.set<int32_t>(
+                {0, 0}, pos % P == P - 1 ? static_cast<int32_t>(free_slots[pos]) : -1);
+            const kpool_tensor tsm = in.tail_slot_mapping.desc(), k = in.key.desc(),
+                               s = in.slot_score.desc(), a = in.ape.desc(),
+                               sm = in.slot_mapping.desc(), p = in.positions.desc();
+            {
+                const kpool_tensor c = cache_ref.desc(), t = tail_ref.desc();
+                kpool_ref::decode_update_and_maybe_write_cache_batched(&c, &t, &tsm, &k, &s, &a,
+                                                                       &sm, &p, P, kD, 1);
+            }
+            const kpool_tensor c = cache.desc(), t = tail.desc();
+            kpool_status st{};
+            const kpool_exec ex = cpu_exec();
+            ASSERT_KPOOL_OK(kpool_decode_update_and_maybe_write_cache_batched(
+                                &c, &t, &tsm, &k, &s, &a, &sm, &p, P, kD, 1, &ex, &st),
+                            st);
+            ASSERT_BYTES_EQ(cache_ref, cache) << "after decoding position " << pos;
+            ASSERT_BYTES_EQ(tail_ref, tail) << "after decoding position " << pos;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 5. expand_pools_and_append_tail
+// ---------------------------------------------------------------------------
+
+using ExpandTailParam = std::tuple<int /*P*/, kpool_dtype /*pool_ids*/, bool /*bound*/>;
+
+class ExpandAndAppendTest : public ::testing::TestWithParam<ExpandTailParam> {};
+
+void check_expand_and_append(int P, kpool_dtype ids_dtype, bool bound, int64_t rows, int64_t G,
+                             uint32_t seed) {
+    std::mt19937 rng(seed);
+    HostTensor ids(ids_dtype, {rows, G}), seq_lens(KPOOL_DTYPE_INT32, {rows});
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t seq = r == 0 ? 0 : r == 1 ? P - 1 : std::uniform_int_distribution<int64_t>(0, 5000)(rng);
+        seq_lens.set<int32_t>({r}, static_cast<int32_t>(seq));
+        const int64_t pools = seq / P;
+        for (int64_t g = 0; g < G; ++g) {
+            int64_t id = std::uniform_int_distribution<int64_t>(-2, pools + 2)(rng);
+            if (g % 5 == 3) id = -1;
+            if (g == 7) {
+                id = ids_dtype == KPOOL_DTYPE_INT32 ? int64_t(std::numeric_limits<int32_t>::min())
+                                                    : std::numeric_limits<int64_t>::min();
+            }
+            ids.set_int({r, g}, id);
+        }
+    }
+    HostTensor out_ref(KPOOL_DTYPE_INT32, {rows, G * P + P - 1});
+    out_ref.fill_random_bytes(rng);
+    HostTensor out_api = out_ref, out_again = out_ref;
+    const kpool_tensor i = ids.desc(), s = seq_lens.desc();
+    {
+        const kpool_tensor o = out_ref.desc();
+        kpool_ref::expand_pools_and_append_tail(&i, &s, &o, P, bound);
+    }
+    for (HostTensor *out : {&out_api, &out_again}) {
+        const kpool_tensor o = out->desc();
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_expand_pools_and_append_tail(&i, &s, &o, P, bound, &ex, &st), st);
+    }
+    EXPECT_BYTES_EQ(out_ref, out_api);
+    EXPECT_BYTES_EQ(out_api, out_again);
+}
+
+TEST_P(ExpandAndAppendTest, MatchesReference) {
+    const auto [P, dtype, bound] = GetParam();
+    check_expand_and_append(P, dtype, bound, 23, 9, 60000 + P * 3 + bound);
+}
+
+TEST_P(ExpandAndAppendTest, EmptyRowsAndGroups) {
+    const auto [P, dtype, bound] = GetParam();
+    check_expand_and_append(P, dtype, bound, 0, 9, 1);
+    check_expand_and_append(P, dtype, bound, 5, 0, 2);
+    check_expand_and_append(P, dtype, bound, 0, 0, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ExpandAndAppendTest,
+                         Combine(ValuesIn(kAllPoolSizes), Values(KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64),
+                                 Values(false, true)),
+                         [](const auto &info) {
+                             return "P" + std::to_string(std::get<0>(info.param)) + "_" +
+                                    dtype_tag(std::get<1>(info.param)) +
+                                    (std::get<2>(info.param) ? "_bounded" : "_unbounded");
+                         });
+
+// Large pool ids: id * P + c wraps to int32 as the reference's .to(int32).
+TEST(ExpandEdge, LargePoolIdsWrapLikeTheReference) {
+    for (int P : {4, 16}) {
+        const int64_t rows = 2, G = 4;
+        HostTensor ids(KPOOL_DTYPE_INT64, {rows, G}), seq_lens(KPOOL_DTYPE_INT32, {rows});
+        const int64_t big[] = {int64_t(1) << 33, (int64_t(1) << 31) / P, std::numeric_limits<int32_t>::max(), 5};
+        for (int64_t r = 0; r < rows; ++r) {
+            seq_lens.set<int32_t>({r}, 1000 + int32_t(r));
+            for (int64_t g = 0; g < G; ++g) ids.set<int64_t>({r, g}, big[g] + r);
+        }
+        HostTensor out_ref(KPOOL_DTYPE_INT32, {rows, G * P + P - 1});
+        HostTensor out_api = out_ref;
+        const kpool_tensor i = ids.desc(), s = seq_lens.desc(), o = out_ref.desc(), oa = out_api.desc();
+        kpool_ref::expand_pools_and_append_tail(&i, &s, &o, P, 0);
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_expand_pools_and_append_tail(&i, &s, &oa, P, 0, &ex, &st), st);
+        EXPECT_BYTES_EQ(out_ref, out_api);
+    }
+}
+
+// A padding row with seq_len < 0. The reference (C division, as Triton's)
+// emits no tail for it: tail_count = seq_len - (seq_len / P) * P <= 0. A
+// floor division would emit negative token ids instead. Rejecting the row
+// with an error that names it is also acceptable; silently emitting
+// something else is not.
+TEST(ExpandEdge, NegativeSeqLenHasNoTailOrIsRejected) {
+    for (int P : {4, 16}) {
+        SCOPED_TRACE("P = " + std::to_string(P));
+        const int64_t rows = 3, G = 2;
+        HostTensor ids(KPOOL_DTYPE_INT32, {rows, G}), seq_lens(KPOOL_DTYPE_INT32, {rows});
+        const int32_t seqs[] = {7, -1, -P - 1};
+        for (int64_t r = 0; r < rows; ++r) {
+            seq_lens.set<int32_t>({r}, seqs[r]);
+            ids.set<int32_t>({r, 0}, -1);
+            ids.set<int32_t>({r, 1}, 0);
+        }
+        HostTensor out_ref(KPOOL_DTYPE_INT32, {rows, G * P + P - 1});
+        out_ref.fill_byte(0x5A);
+        HostTensor out_api = out_ref;
+        const HostTensor before = out_ref;
+        const kpool_tensor i = ids.desc(), s = seq_lens.desc(), o = out_ref.desc(), oa = out_api.desc();
+        kpool_ref::expand_pools_and_append_tail(&i, &s, &o, P, 0);
+        for (int64_t r = 1; r < rows; ++r) {
+            for (int64_t c = G * P; c < G * P + P - 1; ++c) {
+                ASSERT_EQ(out_ref.get<int32_t>({r, c}), -1) << "reference tail of seq_len " << seqs[r];
+            }
+        }
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        const kpool_status_code rc = kpool_expand_pools_and_append_tail(&i, &s, &oa, P, 0, &ex, &st);
+        if (rc == KPOOL_OK) {
+            EXPECT_BYTES_EQ(out_ref, out_api);
+        } else {
+            EXPECT_THAT(std::string(st.message), ::testing::HasSubstr("seq_lens[1]")) << st.message;
+            EXPECT_BYTES_EQ(before, out_api);
+        }
+    }
+}
+
+// Empty tensors as kpool_tensor_contiguous builds them: a dim before an empty
+// one gets stride 0 there. Nothing is read or written; the call must succeed.
+TEST(ExpandEdge, EmptyDescriptorsFromTensorContiguous) {
+    int32_t storage[16] = {};
+    const int64_t ids_shape[2] = {5, 0}, seq_shape[1] = {5}, out_shape[2] = {5, 3};
+    const kpool_tensor ids = kpool_tensor_contiguous(storage, KPOOL_DTYPE_INT32, 2, ids_shape);
+    const kpool_tensor seq = kpool_tensor_contiguous(storage, KPOOL_DTYPE_INT32, 1, seq_shape);
+    std::vector<int32_t> out_data(15, 77);
+    const kpool_tensor out = kpool_tensor_contiguous(out_data.data(), KPOOL_DTYPE_INT32, 2, out_shape);
+    kpool_status st{};
+    const kpool_exec ex = cpu_exec();
+    ASSERT_KPOOL_OK(kpool_expand_pools_and_append_tail(&ids, &seq, &out, 4, 0, &ex, &st), st);
+    for (int32_t v : out_data) EXPECT_EQ(v, -1);  // seq_len 0: no tail
+    const int64_t q_shape[2] = {0, kD}, fp8_shape[2] = {0, kD}, scale_shape[2] = {0, 1};
+    const kpool_tensor q = kpool_tensor_contiguous(storage, KPOOL_DTYPE_BFLOAT16, 2, q_shape);
+    const kpool_tensor fp8 = kpool_tensor_contiguous(storage, KPOOL_DTYPE_UINT8, 2, fp8_shape);
+    const kpool_tensor scale = kpool_tensor_contiguous(storage, KPOOL_DTYPE_FLOAT32, 2, scale_shape);
+    ASSERT_KPOOL_OK(kpool_fwht128_quant_fp8(&q, &fp8, &scale, &ex, &st), st);
+}
+
+// ---------------------------------------------------------------------------
+// 6. expand_pools_to_tokens, 7. append_tail_to_topk
+// ---------------------------------------------------------------------------
+
+enum class TokenMap { kNone, kPageTable, kOffsets1d, kOffsets2d };
+
+std::string map_tag(TokenMap m) {
+    switch (m) {
+        case TokenMap::kNone: return "identity";
+        case TokenMap::kPageTable: return "pageTable";
+        case TokenMap::kOffsets1d: return "offsets1d";
+        case TokenMap::kOffsets2d: return "offsets2d";
+    }
+    return "";
+}
+
+// The optional page table [rows, W] (narrower than the token range, so the
+// clamp matters) and per-row offsets [rows] or [rows, 1].
+struct TokenMapInputs {
+    HostTensor page_table, topk_offsets;
+    bool has_table = false, has_offsets = false;
+};
+
+TokenMapInputs make_token_map(std::mt19937 &rng, TokenMap map, int64_t rows, int64_t width) {
+    TokenMapInputs t;
+    t.page_table = HostTensor(KPOOL_DTYPE_INT32, {rows, width});
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < width; ++c) {
+            t.page_table.set<int32_t>({r, c}, std::uniform_int_distribution<int32_t>(-5, 1 << 30)(rng));
+        }
+    }
+    const std::vector<int64_t> shape =
+        map == TokenMap::kOffsets2d ? std::vector<int64_t>{rows, 1} : std::vector<int64_t>{rows};
+    t.topk_offsets = HostTensor(KPOOL_DTYPE_INT64, shape);
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t off = std::uniform_int_distribution<int64_t>(0, 1 << 24)(rng);
+        if (r == 1) off = (int64_t(1) << 32) + 3;  // wraps to int32 as the reference's .to(int32)
+        t.topk_offsets.set<int64_t>({r}, off);
+    }
+    t.has_table = map == TokenMap::kPageTable;
+    t.has_offsets = map == TokenMap::kOffsets1d || map == TokenMap::kOffsets2d;
+    return t;
+}
+
+using ToTokensParam = std::tuple<int /*P*/, kpool_dtype /*group_ids*/, TokenMap>;
+
+class ExpandToTokensTest : public ::testing::TestWithParam<ToTokensParam> {};
+
+void check_expand_to_tokens(int P, kpool_dtype ids_dtype, TokenMap map, int64_t rows, int64_t G,
+                            uint32_t seed) {
+    std::mt19937 rng(seed);
+    const int64_t topk = G * P;
+    HostTensor ids(ids_dtype, {rows, G}), valid(KPOOL_DTYPE_BOOL, {rows, G});
+    std::bernoulli_distribution coin(0.8);
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < G; ++g) {
+            int64_t id = std::uniform_int_distribution<int64_t>(-3, 4000 / P)(rng);
+            if (g % 4 == 1) id = -1;
+            if (g == 5 && ids_dtype == KPOOL_DTYPE_INT64) id = (int64_t(1) << 34) + g;
+            ids.set_int({r, g}, id);
+            valid.set<uint8_t>({r, g}, coin(rng) ? 1 : 0);
+        }
+    }
+    TokenMapInputs tm = make_token_map(rng, map, rows, 3000);
+    HostTensor out_ref(KPOOL_DTYPE_INT32, {rows, topk});
+    out_ref.fill_random_bytes(rng);
+    HostTensor out_api = out_ref, out_again = out_ref;
+    const kpool_tensor i = ids.desc(), v = valid.desc(), pt = tm.page_table.desc(),
+                       to = tm.topk_offsets.desc();
+    {
+        const kpool_tensor o = out_ref.desc();
+        kpool_ref::expand_pools_to_tokens(&i, &v, opt(pt, tm.has_table), opt(to, tm.has_offsets),
+                                          &o, static_cast<int32_t>(topk), P);
+    }
+    for (HostTensor *out : {&out_api, &out_again}) {
+        const kpool_tensor o = out->desc();
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_expand_pools_to_tokens(&i, &v, opt(pt, tm.has_table),
+                                                     opt(to, tm.has_offsets), &o,
+                                                     static_cast<int32_t>(topk), P, &ex, &st),
+                        st);
+    }
+    EXPECT_BYTES_EQ(out_ref, out_api);
+    EXPECT_BYTES_EQ(out_api, out_again);
+}
+
+TEST_P(ExpandToTokensTest, MatchesReference) {
+    const auto [P, dtype, map] = GetParam();
+    check_expand_to_tokens(P, dtype, map, 17, 12, 70000 + P * 5 + int(map));
+}
+
+TEST_P(ExpandToTokensTest, EmptyRowsAndGroups) {
+    const auto [P, dtype, map] = GetParam();
+    check_expand_to_tokens(P, dtype, map, 0, 12, 4);
+    check_expand_to_tokens(P, dtype, map, 3, 0, 5);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ExpandToTokensTest,
+                         Combine(ValuesIn(kAllPoolSizes), Values(KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64),
+                                 Values(TokenMap::kNone, TokenMap::kPageTable, TokenMap::kOffsets1d,
+                                        TokenMap::kOffsets2d)),
+                         [](const auto &info) {
+                             return "P" + std::to_string(std::get<0>(info.param)) + "_" +
+                                    dtype_tag(std::get<1>(info.param)) + "_" +
+                                    map_tag(std::get<2>(info.param));
+                         });
+
+using AppendParam = std::tuple<int /*P*/, TokenMap>;
+
+class AppendTailTest : public ::testing::TestWithParam<AppendParam> {};
+
+void check_append_tail(int P, TokenMap map, int64_t rows, int64_t C, uint32_t seed) {
+    std::mt19937 rng(seed);
+    HostTensor topk(KPOOL_DTYPE_INT32, {rows, C}), seq_lens(KPOOL_DTYPE_INT32, {rows}),
+        pool_lens(KPOOL_DTYPE_INT32, {rows});
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < C; ++c) {
+            topk.set<int32_t>({r, c}, std::uniform_int_distribution<int32_t>(-1, 1 << 20)(rng));
+        }
+        const int32_t seq = r == 0 ? 0 : std::uniform_int_distribution<int32_t>(0, 5000)(rng);
+        int32_t pools = seq / P;
+        // Mostly seq_len / P; some rows claim one pool fewer (a full tail) or one more (none).
+        if (r % 7 == 3 && pools > 0) pools -= 1;
+        if (r % 7 == 5) pools += 1;
+        seq_lens.set<int32_t>({r}, seq);
+        pool_lens.set<int32_t>({r}, pools);
+    }
+    TokenMapInputs tm = make_token_map(rng, map, rows, 3000);
+    HostTensor out_ref(KPOOL_DTYPE_INT32, {rows, C + P - 1});
+    out_ref.fill_random_bytes(rng);
+    HostTensor out_api = out_ref, out_again = out_ref;
+    const kpool_tensor t = topk.desc(), s = seq_lens.desc(), pl = pool_lens.desc(),
+                       pt = tm.page_table.desc(), to = tm.topk_offsets.desc();
+    {
+        const kpool_tensor o = out_ref.desc();
+        kpool_ref::append_tail_to_topk(&t, &s, &pl, opt(pt, tm.has_table), opt(to, tm.has_offsets),
+                                       &o, P);
+    }
+    for (HostTensor *out : {&out_api, &out_again}) {
+        const kpool_tensor o = out->desc();
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_append_tail_to_topk(&t, &s, &pl, opt(pt, tm.has_table),
+                                                  opt(to, tm.has_offsets), &o, P, &ex, &st),
+                        st);
+    }
+    EXPECT_BYTES_EQ(out_ref, out_api);
+    EXPECT_BYTES_EQ(out_api, out_again);
+    if (P == 1) {
+        // With P == 1 the output is the input, whatever the map.
+        for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t c = 0; c < C; ++c) {
+                ASSERT_EQ(out_api.get<int32_t>({r, c}), topk.get<int32_t>({r, c}));
+            }
+        }
+    }
+}
+
+TEST_P(AppendTailTest, MatchesReference) {
+    const auto [P, map] = GetParam();
+    check_append_tail(P, map, 21, 40, 80000 + P * 11 + int(map));
+}
+
+TEST_P(AppendTailTest, EmptyRowsAndColumns) {
+    const auto [P, map] = GetParam();
+    check_append_tail(P, map, 0, 40, 6);
+    check_append_tail(P, map, 4, 0, 7);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AppendTailTest,
+                         Combine(ValuesIn(kAllPoolSizes),
+                                 Values(TokenMap::kNone, TokenMap::kPageTable, TokenMap::kOffsets1d,
+                                        TokenMap::kOffsets2d)),
+                         [](const auto &info) {
+                             return "P" + std::to_string(std::get<0>(info.param)) + "_" +
+                                    map_tag(std::get<1>(info.param));
+                         });
+
+// expand_pools_and_append_tail is expand_pools_to_tokens + append_tail_to_topk
+// on the identity path (SPEC op 5).
+TEST(ExpandEdge, FusedEqualsTwoStep) {
+    for (int P : {1, 4, 16}) {
+        std::mt19937 rng(90 + P);
+        const int64_t rows = 9, G = 6;
+        HostTensor ids(KPOOL_DTYPE_INT32, {rows, G}), valid(KPOOL_DTYPE_BOOL, {rows, G}),
+            seq_lens(KPOOL_DTYPE_INT32, {rows}), pool_lens(KPOOL_DTYPE_INT32, {rows});
+        for (int64_t r = 0; r < rows; ++r) {
+            const int32_t seq = std::uniform_int_distribution<int32_t>(0, 900)(rng);
+            seq_lens.set<int32_t>({r}, seq);
+            pool_lens.set<int32_t>({r}, seq / P);
+            for (int64_t g = 0; g < G; ++g) {
+                const int32_t id = std::uniform_int_distribution<int32_t>(-1, seq / P)(rng);
+                ids.set<int32_t>({r, g}, id);
+                valid.set<uint8_t>({r, g}, id >= 0);
+            }
+        }
+        HostTensor fused(KPOOL_DTYPE_INT32, {rows, G * P + P - 1}), tokens(KPOOL_DTYPE_INT32, {rows, G * P}),
+            two_step(KPOOL_DTYPE_INT32, {rows, G * P + P - 1});
+        const kpool_tensor i = ids.desc(), v = valid.desc(), s = seq_lens.desc(), pl = pool_lens.desc(),
+                           f = fused.desc(), t = tokens.desc(), o = two_step.desc();
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_expand_pools_and_append_tail(&i, &s, &f, P, 0, &ex, &st), st);
+        ASSERT_KPOOL_OK(kpool_expand_pools_to_tokens(&i, &v, nullptr, nullptr, &t,
+                                                     static_cast<int32_t>(G * P), P, &ex, &st),
+                        st);
+        ASSERT_KPOOL_OK(kpool_append_tail_to_topk(&t, &s, &pl, nullptr, nullptr, &o, P, &ex, &st), st);
+        EXPECT_BYTES_EQ(fused, two_step);
+    }
+}
+
+TEST(GroupBudget, DividesTopkByPoolSize) {
+    for (int P : kAllPoolSizes) {
+        for (int64_t topk : {int64_t(0), int64_t(P), int64_t(2048), int64_t(1) << 40}) {
+            int64_t groups = -1;
+            kpool_status st{};
+            ASSERT_KPOOL_OK(kpool_history_group_budget_for_topk(topk, P, &groups, &st), st);
+            EXPECT_EQ(groups, topk / P);
+            EXPECT_EQ(groups, kpool_ref::history_group_budget_for_topk(topk, P));
+        }
+    }
+}
+
+TEST(Api, VersionAndNames) {
+    EXPECT_THAT(std::string(kpool_version()), ::testing::StartsWith("kpool "));
+    EXPECT_THAT(std::string(kpool_version()), ::testing::HasSubstr("cpu"));
+    ASSERT_NE(kpool_status_name(KPOOL_OK), nullptr);
+    ASSERT_NE(kpool_status_name(KPOOL_ERROR_OUT_OF_RANGE), nullptr);
+    EXPECT_STRNE(kpool_status_name(KPOOL_OK), kpool_status_name(KPOOL_ERROR_OUT_OF_RANGE));
+    ASSERT_NE(kpool_dtype_name(KPOOL_DTYPE_BFLOAT16), nullptr);
+    EXPECT_STRNE(kpool_dtype_name(KPOOL_DTYPE_BFLOAT16), kpool_dtype_name(KPOOL_DTYPE_FLOAT32));
+    const int64_t shape[3] = {2, 3, 5};
+    float data[30];
+    const kpool_tensor t = kpool_tensor_contiguous(data, KPOOL_DTYPE_FLOAT32, 3, shape);
+    EXPECT_EQ(t.data, data);
+    EXPECT_EQ(t.ndim, 3);
+    EXPECT_EQ(t.strides[0], 15);
+    EXPECT_EQ(t.strides[1], 5);
+    EXPECT_EQ(t.strides[2], 1);
+    EXPECT_EQ(t.device, KPOOL_DEVICE_CPU);
+}
+
+}  // namespace
+}  // namespace kpool_test

@@ -1,0 +1,150 @@
+// The tool's CUDA device: device memory in the primary context of the GPU
+// (the context the kpool runtime and PyTorch use), driven through the CUDA
+// driver API loaded at run time, so building the tool needs no CUDA toolkit
+// and the binary runs on machines without a GPU.
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "device.h"
+
+namespace kpool_tool {
+namespace {
+
+// The few driver API types and entry points used here (cuda.h, CUDA >= 11).
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = struct CUctx_st *;
+using CUdeviceptr = unsigned long long;
+constexpr CUresult kCudaSuccess = 0;
+
+struct DriverApi {
+    CUresult (*cuInit)(unsigned int) = nullptr;
+    CUresult (*cuDeviceGetCount)(int *) = nullptr;
+    CUresult (*cuDeviceGet)(CUdevice *, int) = nullptr;
+    CUresult (*cuDeviceGetName)(char *, int, CUdevice) = nullptr;
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice) = nullptr;
+    CUresult (*cuDevicePrimaryCtxRelease)(CUdevice) = nullptr;
+    CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+    CUresult (*cuCtxSynchronize)() = nullptr;
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t) = nullptr;
+    CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
+    CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t) = nullptr;
+    CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t) = nullptr;
+    CUresult (*cuGetErrorString)(CUresult, const char **) = nullptr;
+};
+
+template <typename F>
+bool bind(void *library, const char *name, F *function) {
+    *function = reinterpret_cast<F>(dlsym(library, name));
+    return *function != nullptr;
+}
+
+// Loads libcuda once; throws naming what is missing.
+const DriverApi &driver() {
+    static const DriverApi api = [] {
+        void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (library == nullptr) throw std::runtime_error("no CUDA driver (libcuda.so.1 not found)");
+        DriverApi d;
+        const bool ok = bind(library, "cuInit", &d.cuInit) &&
+                        bind(library, "cuDeviceGetCount", &d.cuDeviceGetCount) &&
+                        bind(library, "cuDeviceGet", &d.cuDeviceGet) &&
+                        bind(library, "cuDeviceGetName", &d.cuDeviceGetName) &&
+                        bind(library, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain) &&
+                        bind(library, "cuDevicePrimaryCtxRelease_v2", &d.cuDevicePrimaryCtxRelease) &&
+                        bind(library, "cuCtxSetCurrent", &d.cuCtxSetCurrent) &&
+                        bind(library, "cuCtxSynchronize", &d.cuCtxSynchronize) &&
+                        bind(library, "cuMemAlloc_v2", &d.cuMemAlloc) &&
+                        bind(library, "cuMemFree_v2", &d.cuMemFree) &&
+                        bind(library, "cuMemcpyHtoD_v2", &d.cuMemcpyHtoD) &&
+                        bind(library, "cuMemcpyDtoH_v2", &d.cuMemcpyDtoH) &&
+                        bind(library, "cuGetErrorString", &d.cuGetErrorString);
+        if (!ok) throw std::runtime_error("the CUDA driver is too old (a driver API entry point is missing)");
+        return d;
+    }();
+    return api;
+}
+
+void check(CUresult result, const char *what) {
+    if (result == kCudaSuccess) return;
+    const char *text = nullptr;
+    if (driver().cuGetErrorString(result, &text) != kCudaSuccess || text == nullptr) text = "?";
+    throw std::runtime_error(std::string(what) + " failed: " + text + " (" +
+                             std::to_string(result) + ")");
+}
+
+class CudaDevice final : public Device {
+public:
+    explicit CudaDevice(int index) : index_(index) {
+        const DriverApi &d = driver();
+        check(d.cuInit(0), "cuInit");
+        int count = 0;
+        check(d.cuDeviceGetCount(&count), "cuDeviceGetCount");
+        if (index >= count) {
+            throw std::runtime_error("no CUDA device " + std::to_string(index) + " (" +
+                                     std::to_string(count) + " found)");
+        }
+        check(d.cuDeviceGet(&device_, index), "cuDeviceGet");
+        char name[256] = {};
+        check(d.cuDeviceGetName(name, sizeof name - 1, device_), "cuDeviceGetName");
+        name_ = name;
+        check(d.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
+        check(d.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+    }
+    ~CudaDevice() override { driver().cuDevicePrimaryCtxRelease(device_); }
+
+    kpool_device_type type() const override { return KPOOL_DEVICE_CUDA; }
+    int32_t index() const override { return index_; }
+    std::string name() const override { return "cuda:" + std::to_string(index_) + " (" + name_ + ")"; }
+    bool uses_host_memory() const override { return false; }
+
+    void *allocate(int64_t bytes) override {
+        if (bytes == 0) return nullptr;
+        CUdeviceptr pointer = 0;
+        check(driver().cuMemAlloc(&pointer, static_cast<size_t>(bytes)), "cuMemAlloc");
+        return reinterpret_cast<void *>(static_cast<uintptr_t>(pointer));
+    }
+    void release(void *data) override {
+        if (data != nullptr) driver().cuMemFree(to_device_pointer(data));
+    }
+    void upload(void *device_data, const void *host_data, int64_t bytes) override {
+        if (bytes == 0) return;
+        check(driver().cuMemcpyHtoD(to_device_pointer(device_data), host_data,
+                                    static_cast<size_t>(bytes)),
+              "cuMemcpyHtoD");
+    }
+    void download(void *host_data, const void *device_data, int64_t bytes) override {
+        if (bytes == 0) return;
+        check(driver().cuMemcpyDtoH(host_data, to_device_pointer(device_data),
+                                    static_cast<size_t>(bytes)),
+              "cuMemcpyDtoH");
+    }
+    void synchronize() override { check(driver().cuCtxSynchronize(), "cuCtxSynchronize"); }
+    // The legacy default stream, which the synchronous copies above also use.
+    kpool_exec exec() const override { return kpool_exec{nullptr}; }
+
+private:
+    static CUdeviceptr to_device_pointer(const void *data) {
+        return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(data));
+    }
+
+    int index_;
+    CUdevice device_ = 0;
+    CUcontext context_ = nullptr;
+    std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> open_cuda_device(int index, std::string *error) {
+    try {
+        return std::make_unique<CudaDevice>(index);
+    } catch (const std::exception &e) {
+        *error = e.what();
+        return nullptr;
+    }
+}
+
+}  // namespace kpool_tool

@@ -1,0 +1,157 @@
+// kpool: the command-line face of the library.
+//
+//   kpool demo   an engine-shaped workload, verified against the reference
+//   kpool check  replay a reference dump directory byte for byte
+//   kpool version | help
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+
+namespace {
+
+using namespace kpool_tool;
+
+const char kUsage[] =
+    "usage: kpool <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  demo [--requests N] [--decode-steps S] [--next-n T] [--seed X] [--device auto|cpu|cuda]\n"
+    "      An engine-shaped workload: N requests (default 8) with prompts of 100..3000\n"
+    "      tokens, P = 4, block_size 64, ring 4. Prefill (fwht128_quant_fp8 of the\n"
+    "      query rows, every full pool compressed into a paged cache, tail rings\n"
+    "      seeded), then S decode steps (default 16) of T tokens per request\n"
+    "      (default 2), each followed by the expansion of randomly selected pools.\n"
+    "      Every call is checked bit for bit against the scalar reference, and the\n"
+    "      per-op timings are printed. Exit status 1 if anything differs.\n"
+    "  check DIR [--device auto|cpu|cuda]\n"
+    "      Runs every case of a reference dump directory (manifest.json + .bin,\n"
+    "      from shared/anchors/bench_triton.py --dump) through the C API and compares\n"
+    "      every output byte for byte. Prints 'ok <case>' or 'FAIL <case>: ...'.\n"
+    "      Exit status 1 on any mismatch, 2 if the dump cannot be read.\n"
+    "  version\n"
+    "      The library's version and the devices it was built for.\n"
+    "  help\n"
+    "      This text.\n"
+    "\n"
+    "--device auto (the default) uses the GPU when the build and the machine have\n"
+    "one, the CPU otherwise.\n";
+
+int usage_error(const std::string &message) {
+    std::fprintf(stderr, "kpool: %s\n\n%s", message.c_str(), kUsage);
+    return kExitUsage;
+}
+
+// Reads "--name value" or "--name=value" at args[*i]; false when args[*i] is
+// not --name. A missing value is reported through *error.
+bool option_value(const std::vector<std::string> &args, size_t *i, const std::string &name,
+                  std::string *value, std::string *error) {
+    const std::string &arg = args[*i];
+    if (arg == name) {
+        if (*i + 1 >= args.size()) {
+            *error = name + " needs a value";
+            return true;
+        }
+        *value = args[++*i];
+        return true;
+    }
+    if (arg.compare(0, name.size() + 1, name + "=") == 0) {
+        *value = arg.substr(name.size() + 1);
+        return true;
+    }
+    return false;
+}
+
+bool parse_count(const std::string &name, const std::string &text, int64_t lo, int64_t hi,
+                 int64_t *out, std::string *error) {
+    char *end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno != 0 || value < lo || value > hi) {
+        *error = name + " " + text + ": expected an integer in [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "]";
+        return false;
+    }
+    *out = value;
+    return true;
+}
+
+bool parse_device(const std::string &text, DeviceChoice *choice, std::string *error) {
+    if (parse_device_choice(text, choice)) return true;
+    *error = "--device " + text + ": expected auto, cpu or cuda";
+    return false;
+}
+
+int demo_command(const std::vector<std::string> &args) {
+    DemoOptions options;
+    for (size_t i = 0; i < args.size(); ++i) {
+        std::string value, error;
+        int64_t number = 0;
+        if (option_value(args, &i, "--requests", &value, &error)) {
+            if (!error.empty() || !parse_count("--requests", value, 1, 256, &options.requests, &error)) {
+                return usage_error(error);
+            }
+        } else if (option_value(args, &i, "--decode-steps", &value, &error)) {
+            if (!error.empty() ||
+                !parse_count("--decode-steps", value, 0, 100000, &options.decode_steps, &error)) {
+                return usage_error(error);
+            }
+        } else if (option_value(args, &i, "--next-n", &value, &error)) {
+            if (!error.empty() || !parse_count("--next-n", value, 1, 16, &options.next_n, &error)) {
+                return usage_error(error);
+            }
+        } else if (option_value(args, &i, "--seed", &value, &error)) {
+            if (!error.empty() || !parse_count("--seed", value, 0, INT64_MAX, &number, &error)) {
+                return usage_error(error);
+            }
+            options.seed = static_cast<uint64_t>(number);
+        } else if (option_value(args, &i, "--device", &value, &error)) {
+            if (!error.empty() || !parse_device(value, &options.device, &error)) {
+                return usage_error(error);
+            }
+        } else {
+            return usage_error("demo: unknown argument " + args[i]);
+        }
+    }
+    return run_demo(options);
+}
+
+int check_command(const std::vector<std::string> &args) {
+    std::string directory;
+    DeviceChoice device = DeviceChoice::Auto;
+    for (size_t i = 0; i < args.size(); ++i) {
+        std::string value, error;
+        if (option_value(args, &i, "--device", &value, &error)) {
+            if (!error.empty() || !parse_device(value, &device, &error)) return usage_error(error);
+        } else if (args[i].compare(0, 2, "--") == 0 || !directory.empty()) {
+            return usage_error("check: unexpected argument " + args[i]);
+        } else {
+            directory = args[i];
+        }
+    }
+    if (directory.empty()) return usage_error("check: which dump directory? (kpool check DIR)");
+    return run_check(directory, device);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    if (argc < 2) return usage_error("no command given");
+    const std::string command = argv[1];
+    const std::vector<std::string> args(argv + 2, argv + argc);
+    if (command == "demo") return demo_command(args);
+    if (command == "check") return check_command(args);
+    if (command == "version" || command == "--version") {
+        std::printf("%s\n", kpool_version());
+        return kExitOk;
+    }
+    if (command == "help" || command == "--help" || command == "-h") {
+        std::fputs(kUsage, stdout);
+        return kExitOk;
+    }
+    return usage_error("unknown command " + command);
+}
