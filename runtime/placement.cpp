@@ -1,6 +1,7 @@
 #include "placement.h"
 
 #include <cstddef>
+#include <limits>
 
 #include "HalideRuntimeCuda.h"
 
@@ -17,6 +18,13 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
     require_same_device(args);
     const TensorArg *first = *args.begin();
     if (first->t->device == KPOOL_DEVICE_CUDA) {
+        // The CUDA kernels use 32-bit offsets (docs/behaviour.md, Limits).
+        for (const TensorArg *a : args) {
+            if (a->span_bytes() > std::numeric_limits<int32_t>::max()) {
+                unsupported() << a->name << " spans " << a->span_bytes()
+                              << " bytes; CUDA tensors must be below 2 GiB in this build";
+            }
+        }
         cuda_ = &cuda_device(first->t->device_index, first->name);
         call_ = {cuda_->primary_context, exec != nullptr ? exec->stream : nullptr};
     }

@@ -12,6 +12,20 @@ int64_t TensorArg::numel() const {
     return n;
 }
 
+int64_t TensorArg::span_bytes() const {
+    if (numel() == 0) {
+        return 0;
+    }
+    const int64_t element = t->dtype == KPOOL_DTYPE_INT64 ? 8
+                            : (t->dtype == KPOOL_DTYPE_INT32 || t->dtype == KPOOL_DTYPE_FLOAT32) ? 4
+                            : t->dtype == KPOOL_DTYPE_BFLOAT16 ? 2 : 1;
+    int64_t last = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        last += (t->shape[i] - 1) * t->strides[i];
+    }
+    return (last + 1) * element;
+}
+
 namespace {
 
 std::string shape_string(const kpool_tensor *t) {

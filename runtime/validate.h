@@ -19,6 +19,8 @@ struct TensorArg {
     int64_t dim(int i) const { return t->shape[i]; }
     int64_t stride(int i) const { return t->strides[i]; }
     int64_t numel() const;
+    // Bytes from the first to one past the last element addressed.
+    int64_t span_bytes() const;
 };
 
 TensorArg require_tensor(const char *name, const kpool_tensor *t,
