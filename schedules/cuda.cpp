@@ -13,6 +13,12 @@ using namespace Halide;
 
 namespace {
 
+// An in-place output's pure definition is undef: nothing runs, but placed on
+// the GPU so Halide does not ask for a host pointer for it.
+void pure_stage_on_gpu(Func out) {
+    out.gpu_single_thread();
+}
+
 // Tuned parameters per GPU family: data, not code.
 struct CudaPlan {
     const char *gpu;
@@ -92,6 +98,7 @@ void compute_pool_in_warp(CompressPool &c, const Var &d, const Var &v, const Var
 void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build) {
     const CudaPlan &plan = plan_for(build);
     RVar lane{"write_lane"}, v{"write_v"}, pb{"pool_block"}, pi{"pool_in_block"};
+    pure_stage_on_gpu(s.cache);
     // Duplicate locs are the caller's race, as in the reference (docs/).
     s.cache.update(0)
         .allow_race_conditions()
@@ -122,6 +129,7 @@ void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) 
 void schedule_seed_tail(SeedTailStages &s, const BuildPlan &build) {
     const CudaPlan &plan = plan_for(build);
     RVar lane{"copy_lane"}, v{"copy_v"}, tb{"token_block"}, ti{"token_in_block"};
+    pure_stage_on_gpu(s.tail);
     s.tail.update(0)
         .allow_race_conditions()
         .split(s.copy.x, lane, v, kValuesPerLane)
@@ -137,6 +145,7 @@ void schedule_seed_tail(SeedTailStages &s, const BuildPlan &build) {
 void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &) {
     RVar lane{"write_lane"}, v{"write_v"};
     RVar token = s.write.y, request = s.write.z;
+    pure_stage_on_gpu(s.cache);
     s.cache.update(0)
         .allow_race_conditions()
         .split(s.write.x, lane, v, kValuesPerLane)
@@ -153,6 +162,7 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &) {
 // slot wins, as in the reference's sequential loop.
 void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &) {
     RVar lane{"stash_lane"}, v{"stash_v"};
+    pure_stage_on_gpu(s.tail);
     s.tail.update(0)
         .allow_race_conditions()
         .split(s.stash.x, lane, v, kValuesPerLane)

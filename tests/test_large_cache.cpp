@@ -52,13 +52,15 @@ private:
 
 // Compares two mappings on every OS page resident in either; returns the
 // number of differing bytes (and describes the first).
-int64_t compare_resident(const LargeMapping &expected, const LargeMapping &actual, std::string *first) {
+int64_t compare_resident(const LargeMapping &expected, const LargeMapping &actual, std::string *first,
+                         size_t *pages_compared = nullptr) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     std::vector<size_t> pages = expected.resident_pages();
     const std::vector<size_t> more = actual.resident_pages();
     pages.insert(pages.end(), more.begin(), more.end());
     std::sort(pages.begin(), pages.end());
     pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+    if (pages_compared) *pages_compared = pages.size();
     int64_t diff = 0;
     for (size_t p : pages) {
         const size_t begin = p * page, end = std::min(begin + page, expected.size());
@@ -145,8 +147,12 @@ TEST(LargeCache, CompressWritesAbove4GiB) {
         EXPECT_EQ(scale_at(api, x), scale_at(ref, x)) << "loc " << x;
     }
     std::string first;
-    const int64_t diff = compare_resident(ref, api, &first);
+    size_t pages = 0;
+    const int64_t diff = compare_resident(ref, api, &first, &pages);
     EXPECT_EQ(diff, 0) << diff << " bytes differ from the reference: " << first;
+    // mincore must have seen the written pages (else the comparison is empty).
+    EXPECT_GE(pages, 5u);
+    EXPECT_LT(pages, 4096u) << "the call touched far more of the cache than the rows it writes";
 }
 
 // A tail ring over 4 GiB, so that even element offsets (bf16) pass 2^31:
@@ -200,8 +206,10 @@ TEST(LargeCache, SeedAndDecodeAbove4GiB) {
         ASSERT_EQ(kpool_seed_tail_cache(&t_api, &k, &g, &ts, P, kD, &ex, &st), KPOOL_OK) << st.message;
     }
     std::string first;
-    int64_t diff = compare_resident(tail_ref, tail_api, &first);
+    size_t pages = 0;
+    int64_t diff = compare_resident(tail_ref, tail_api, &first, &pages);
     ASSERT_EQ(diff, 0) << "seed: " << diff << " tail bytes differ: " << first;
+    EXPECT_GE(pages, 3u);
 
     // Decode N tokens per request: positions prefill .. prefill+N-1, one of
     // which (position 2P-1) completes a pool, written to a boundary slot.
@@ -240,8 +248,10 @@ TEST(LargeCache, SeedAndDecodeAbove4GiB) {
     }
     diff = compare_resident(tail_ref, tail_api, &first);
     EXPECT_EQ(diff, 0) << "decode: " << diff << " tail bytes differ: " << first;
-    diff = compare_resident(kv_ref, kv_api, &first);
+    diff = compare_resident(kv_ref, kv_api, &first, &pages);
     EXPECT_EQ(diff, 0) << "decode: " << diff << " cache bytes differ: " << first;
+    EXPECT_GE(pages, 3u);
+    EXPECT_LT(pages, 4096u);
 }
 
 }  // namespace
