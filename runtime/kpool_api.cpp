@@ -76,6 +76,34 @@ void require_inner_contiguous(const TensorArg &a) {
     require_int32_strides(a);
 }
 
+// bf16 keys [..., 128] and their scores of the same shape (bf16, or f32
+// where `score_dtypes` allows it).
+TensorArg require_keys(const char *name, const kpool_tensor *t) {
+    TensorArg keys = require_tensor(name, t, {KPOOL_DTYPE_BFLOAT16}, 3);
+    require_dim(keys, 2, KPOOL_HEAD_DIM, "head_dim");
+    require_inner_contiguous(keys);
+    return keys;
+}
+
+TensorArg require_scores(const char *name, const kpool_tensor *t, std::initializer_list<kpool_dtype> score_dtypes,
+                         const TensorArg &keys) {
+    TensorArg scores = require_tensor(name, t, score_dtypes, 3);
+    for (int i = 0; i < 3; i++) {
+        require_same_dim(scores, i, keys, i);
+    }
+    require_inner_contiguous(scores);
+    return scores;
+}
+
+// The position bias: f32 [P, 128].
+TensorArg require_ape(const kpool_tensor *t, int32_t pool_size) {
+    TensorArg ape = require_tensor("ape", t, {KPOOL_DTYPE_FLOAT32}, 2);
+    require_dim(ape, 0, pool_size, "pool_size");
+    require_dim(ape, 1, KPOOL_HEAD_DIM, "head_dim");
+    require_inner_contiguous(ape);
+    return ape;
+}
+
 // Every non-negative loc addresses a slot of the cache.
 void require_locs_in_cache(const TensorArg &locs, const TensorArg &kv_cache, const TensorArg *mask) {
     int64_t slots = kv_cache.dim(0) * kv_cache.dim(1);
@@ -277,20 +305,11 @@ kpool_status_code kpool_compress_and_write_cache(
     int32_t head_dim, int32_t round_scale, int32_t write_cache, const kpool_exec *exec, kpool_status *status) {
     return run(status, [&]() -> int64_t {
         require_head_dim(head_dim);
-        TensorArg slot_k = require_tensor("slot_k", slot_k_, {KPOOL_DTYPE_BFLOAT16}, 3);
-        require_dim(slot_k, 2, KPOOL_HEAD_DIM, "head_dim");
+        TensorArg slot_k = require_keys("slot_k", slot_k_);
         require_pool_size_matches(pool_size, slot_k, 1);
-        require_inner_contiguous(slot_k);
         TensorArg slot_score =
-            require_tensor("slot_score", slot_score_, {KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32}, 3);
-        for (int i = 0; i < 3; i++) {
-            require_same_dim(slot_score, i, slot_k, i);
-        }
-        require_inner_contiguous(slot_score);
-        TensorArg ape = require_tensor("ape", ape_, {KPOOL_DTYPE_FLOAT32}, 2);
-        require_dim(ape, 0, pool_size, "pool_size");
-        require_dim(ape, 1, KPOOL_HEAD_DIM, "head_dim");
-        require_inner_contiguous(ape);
+            require_scores("slot_score", slot_score_, {KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32}, slot_k);
+        TensorArg ape = require_ape(ape_, pool_size);
         const int64_t n = slot_k.dim(0);
         TensorArg loc = require_tensor("loc", loc_, {KPOOL_DTYPE_INT64}, 1);
         require_dim(loc, 0, n, "one loc per pool");
@@ -413,18 +432,9 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
         require_pool_size(pool_size);
         TensorArg kv_cache = require_kv_cache(kv_cache_);
         TensorArg tail = require_tail(tail_kv_cache_, pool_size);
-        TensorArg key = require_tensor("key", key_, {KPOOL_DTYPE_BFLOAT16}, 3);
-        require_dim(key, 2, KPOOL_HEAD_DIM, "head_dim");
-        require_inner_contiguous(key);
-        TensorArg score = require_tensor("slot_score", slot_score_, {KPOOL_DTYPE_BFLOAT16}, 3);
-        for (int i = 0; i < 3; i++) {
-            require_same_dim(score, i, key, i);
-        }
-        require_inner_contiguous(score);
-        TensorArg ape = require_tensor("ape", ape_, {KPOOL_DTYPE_FLOAT32}, 2);
-        require_dim(ape, 0, pool_size, "pool_size");
-        require_dim(ape, 1, KPOOL_HEAD_DIM, "head_dim");
-        require_inner_contiguous(ape);
+        TensorArg key = require_keys("key", key_);
+        TensorArg score = require_scores("slot_score", slot_score_, {KPOOL_DTYPE_BFLOAT16}, key);
+        TensorArg ape = require_ape(ape_, pool_size);
         auto per_token = [&](const char *name, const kpool_tensor *t) {
             TensorArg a = require_tensor(name, t, {KPOOL_DTYPE_INT32}, 2);
             require_same_dim(a, 0, key, 0);

@@ -5,15 +5,9 @@
 
 namespace kpool::cpu {
 
-RowLayout row_layout();
+#include "family.inc"
 
-void schedule_fwht(FwhtStages &s, const BuildPlan &plan);
-void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan);
-void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan);
-void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan);
-void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan);
-void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan);
-void schedule_expand(ExpandStages &s, const BuildPlan &plan);
+// The test-only numerics probe runs on the host only.
 void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan);
 
 }  // namespace kpool::cpu

@@ -66,22 +66,28 @@ void compute_row_in_warp(RotateQuant &r, const Var &v, const Var &lane, LoopLeve
     in_warp_registers(r.quant.lane_scale, lane, at);
 }
 
+// A (codes, scale) output over (d, row): rows_per_block warps per block,
+// one row per warp, each lane storing its 4 elements.
+void rows_as_warps(Func out, const Var &d, const Var &row, const Var &v, const Var &lane, const CudaPlan &plan,
+                   Var &row_in_block) {
+    Var rb{"row_block"};
+    out.split(d, lane, v, kValuesPerLane)
+        .split(row, rb, row_in_block, plan.rows_per_block, TailStrategy::GuardWithIf)
+        .reorder(v, lane, row_in_block, rb)
+        .gpu_blocks(rb)
+        .gpu_threads(row_in_block)
+        .gpu_lanes(lane)
+        .unroll(v);
+}
+
 }  // namespace
 
 RowLayout row_layout() { return RowLayout{kValuesPerLane}; }
 
 void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
-    const CudaPlan &plan = plan_for(build);
-    Var rb{"row_block"}, ri{"row_in_block"};
-    s.out.split(s.d, s.lane, s.v, kValuesPerLane)
-        .split(s.row, rb, ri, plan.rows_per_block, TailStrategy::GuardWithIf)
-        .reorder(s.v, s.lane, ri, rb)
-        .gpu_blocks(rb)
-        .gpu_threads(ri)
-        .gpu_lanes(s.lane)
-        .unroll(s.v);
+    Var ri{"row_in_block"};
+    rows_as_warps(s.out, s.d, s.row, s.v, s.lane, plan_for(build), ri);
     compute_row_in_warp(s.rotate, s.v, s.lane, LoopLevel(s.out, ri));
-
 }
 
 // The softmax pool is elementwise in d: each lane pools its own 4 elements,
@@ -113,15 +119,8 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
 }
 
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) {
-    const CudaPlan &plan = plan_for(build);
-    Var pb{"pool_block"}, pi{"pool_in_block"};
-    s.out.split(s.d, s.lane, s.v, kValuesPerLane)
-        .split(s.pool, pb, pi, plan.rows_per_block, TailStrategy::GuardWithIf)
-        .reorder(s.v, s.lane, pi, pb)
-        .gpu_blocks(pb)
-        .gpu_threads(pi)
-        .gpu_lanes(s.lane)
-        .unroll(s.v);
+    Var pi{"pool_in_block"};
+    rows_as_warps(s.out, s.d, s.pool, s.v, s.lane, plan_for(build), pi);
     compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.out, pi));
 }
 

@@ -22,7 +22,7 @@ struct BuildPlan {
     std::string gpu;  // "", "sm80", "sm90"
 };
 
-// The row layout (lanes x values) each target's schedules are written for.
+// The row layout (lanes x values) each family's schedules are written for.
 RowLayout row_layout(const BuildPlan &plan);
 
 struct FwhtStages {
@@ -75,6 +75,7 @@ struct NumericsProbeStages {
     std::vector<Func> outputs;
 };
 
+// Each picks the family (cpu.h, cuda.h) from the plan's target.
 void schedule_fwht(FwhtStages &s, const BuildPlan &plan);
 void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan);
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan);

@@ -154,12 +154,32 @@ TEST(BadInputFwht, NullStatusStillReturnsTheError) {
     EXPECT_UNTOUCHED(c.fp8);
 }
 
-TEST(BadInputFwht, WrongDevice) {
-    if (build_has_cuda()) GTEST_SKIP() << "this build has CUDA: a CUDA descriptor is valid";
+// One tensor on another device than the rest: rejected in every build (a
+// CPU-only build names the CUDA tensor; a CUDA build, the mismatch).
+TEST(BadInputFwht, MixedOrUnknownDevices) {
     { FwhtCall c; c.qd.device = KPOOL_DEVICE_CUDA; c.check({"q"}); }
     { FwhtCall c; c.fd.device = KPOOL_DEVICE_CUDA; c.check({"q_fp8"}); }
-    { FwhtCall c; c.qd.device = c.fd.device = c.sd.device = KPOOL_DEVICE_CUDA; c.check({"q"}); }
+    { FwhtCall c; c.sd.device = KPOOL_DEVICE_CUDA; c.check({"q_scale"}); }
     { FwhtCall c; c.qd.device = static_cast<kpool_device_type>(7); c.check({"q"}); }
+    if (build_has_cuda()) {
+        FwhtCall c;
+        c.qd.device = c.fd.device = c.sd.device = KPOOL_DEVICE_CUDA;
+        c.fd.device_index = 1;
+        c.check({"q_fp8"});
+    }
+}
+
+// Every tensor on CUDA. Without CUDA in the build, or without a driver on
+// the machine, that is an error, never a crash (nor a write).
+TEST(BadInputFwht, AllOnCudaWithoutCuda) {
+    if (build_has_cuda() && cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
+    FwhtCall c;
+    c.qd.device = c.fd.device = c.sd.device = KPOOL_DEVICE_CUDA;
+    if (build_has_cuda()) {
+        c.check({""});
+    } else {
+        c.check({"q"});
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -347,15 +367,29 @@ TEST(BadInputCompress, LocOutsideTheCache) {
     }
 }
 
-TEST(BadInputCompress, WrongDevice) {
-    if (build_has_cuda()) GTEST_SKIP() << "this build has CUDA";
+TEST(BadInputCompress, MixedOrUnknownDevices) {
     { CompressCall c; c.c.device = KPOOL_DEVICE_CUDA; c.check({"kv_cache"}); }
     { CompressCall c; c.k.device = KPOOL_DEVICE_CUDA; c.check({"slot_k"}); }
+    { CompressCall c; c.s.device = KPOOL_DEVICE_CUDA; c.check({"slot_score"}); }
+    { CompressCall c; c.a.device = KPOOL_DEVICE_CUDA; c.check({"ape"}); }
     { CompressCall c; c.l.device = KPOOL_DEVICE_CUDA; c.check({"loc"}); }
-    {
+    { CompressCall c; c.use_mask = true; c.m.device = KPOOL_DEVICE_CUDA; c.check({"write_mask"}); }
+    { CompressCall c; c.set_return(true); c.kd.device = KPOOL_DEVICE_CUDA; c.check({"compressed_k"}); }
+    { CompressCall c; c.set_return(true); c.sd.device = KPOOL_DEVICE_CUDA; c.check({"compressed_scale"}); }
+    { CompressCall c; c.l.device = static_cast<kpool_device_type>(-1); c.check({"loc"}); }
+}
+
+TEST(BadInputCompress, AllOnCudaWithoutCuda) {
+    if (build_has_cuda() && cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
+    for (bool ret : {false, true}) {
         CompressCall c;
-        for (kpool_tensor *t : {&c.c, &c.k, &c.s, &c.a, &c.l}) t->device = KPOOL_DEVICE_CUDA;
-        c.check({"kv_cache", "slot_k", "slot_score", "ape", "loc", "CUDA", "cuda"});
+        c.set_return(ret);
+        for (kpool_tensor *t : {&c.c, &c.k, &c.s, &c.a, &c.l, &c.kd, &c.sd}) t->device = KPOOL_DEVICE_CUDA;
+        if (build_has_cuda()) {
+            c.check({""});
+        } else {
+            c.check({"kv_cache", "slot_k", "slot_score", "ape", "loc", "compressed_k", "compressed_scale"});
+        }
     }
 }
 
@@ -480,10 +514,22 @@ TEST(BadInputSeed, TslotOutsideTheTailCache) {
     }
 }
 
-TEST(BadInputSeed, WrongDevice) {
-    if (build_has_cuda()) GTEST_SKIP() << "this build has CUDA";
+TEST(BadInputSeed, MixedOrUnknownDevices) {
     { SeedCall c; c.t.device = KPOOL_DEVICE_CUDA; c.check({"tail_kv_cache"}); }
+    { SeedCall c; c.k.device = KPOOL_DEVICE_CUDA; c.check({"key"}); }
+    { SeedCall c; c.g.device = KPOOL_DEVICE_CUDA; c.check({"gate_score"}); }
     { SeedCall c; c.ts.device = KPOOL_DEVICE_CUDA; c.check({"tslot"}); }
+}
+
+TEST(BadInputSeed, AllOnCudaWithoutCuda) {
+    if (build_has_cuda() && cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
+    SeedCall c;
+    c.t.device = c.k.device = c.g.device = c.ts.device = KPOOL_DEVICE_CUDA;
+    if (build_has_cuda()) {
+        c.check({""});
+    } else {
+        c.check({"tail_kv_cache", "key", "gate_score", "tslot"});
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -653,11 +699,26 @@ TEST(BadInputDecode, SlotMappingOutsideTheCache) {
     }
 }
 
-TEST(BadInputDecode, WrongDevice) {
-    if (build_has_cuda()) GTEST_SKIP() << "this build has CUDA";
+TEST(BadInputDecode, MixedOrUnknownDevices) {
+    { DecodeCall c; c.c.device = KPOOL_DEVICE_CUDA; c.check({"kv_cache"}); }
     { DecodeCall c; c.t.device = KPOOL_DEVICE_CUDA; c.check({"tail_kv_cache"}); }
+    { DecodeCall c; c.tsmd.device = KPOOL_DEVICE_CUDA; c.check({"tail_slot_mapping"}); }
     { DecodeCall c; c.k.device = KPOOL_DEVICE_CUDA; c.check({"key"}); }
+    { DecodeCall c; c.s.device = KPOOL_DEVICE_CUDA; c.check({"slot_score"}); }
+    { DecodeCall c; c.a.device = KPOOL_DEVICE_CUDA; c.check({"ape"}); }
+    { DecodeCall c; c.smd.device = KPOOL_DEVICE_CUDA; c.check({"slot_mapping"}); }
     { DecodeCall c; c.pd.device = KPOOL_DEVICE_CUDA; c.check({"positions"}); }
+}
+
+TEST(BadInputDecode, AllOnCudaWithoutCuda) {
+    if (build_has_cuda() && cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
+    DecodeCall c;
+    for (kpool_tensor *t : {&c.c, &c.t, &c.tsmd, &c.k, &c.s, &c.a, &c.smd, &c.pd}) t->device = KPOOL_DEVICE_CUDA;
+    if (build_has_cuda()) {
+        c.check({""});
+    } else {
+        c.check({"kv_cache", "tail_kv_cache", "tail_slot_mapping", "key", "slot_score", "ape", "slot_mapping", "positions"});
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -711,11 +772,8 @@ TEST(BadInputExpand, AndAppendTail) {
     { ExpandTailCall c; c.ids_null = true; c.check({"pool_ids"}); }
     { ExpandTailCall c; c.seq_null = true; c.check({"seq_lens"}); }
     { ExpandTailCall c; c.out_null = true; c.check({"out"}); }
-    if (!build_has_cuda()) {
-        ExpandTailCall c;
-        c.o.device = KPOOL_DEVICE_CUDA;
-        c.check({"out"});
-    }
+    { ExpandTailCall c; c.o.device = KPOOL_DEVICE_CUDA; c.check({"out"}); }
+    { ExpandTailCall c; c.s.device = KPOOL_DEVICE_CUDA; c.check({"seq_lens"}); }
 }
 
 struct ToTokensCall {
@@ -787,12 +845,8 @@ TEST(BadInputExpand, PoolsToTokens) {
     { ToTokensCall c; c.ids_null = true; c.check({"group_ids"}); }
     { ToTokensCall c; c.valid_null = true; c.check({"group_valid"}); }
     { ToTokensCall c; c.out_null = true; c.check({"out"}); }
-    if (!build_has_cuda()) {
-        ToTokensCall c;
-        c.use_table = true;
-        c.pt.device = KPOOL_DEVICE_CUDA;
-        c.check({"page_table"});
-    }
+    { ToTokensCall c; c.use_table = true; c.pt.device = KPOOL_DEVICE_CUDA; c.check({"page_table"}); }
+    { ToTokensCall c; c.use_offsets = true; c.to.device = KPOOL_DEVICE_CUDA; c.check({"topk_offsets"}); }
 }
 
 struct AppendCall {
@@ -869,6 +923,7 @@ TEST(BadInputExpand, AppendTailToTopk) {
     { AppendCall c; c.seq_null = true; c.check({"seq_lens"}); }
     { AppendCall c; c.pools_null = true; c.check({"pool_lens"}); }
     { AppendCall c; c.out_null = true; c.check({"out"}); }
+    { AppendCall c; c.pl.device = KPOOL_DEVICE_CUDA; c.check({"pool_lens"}); }
 }
 
 TEST(BadInputExpand, GroupBudget) {

@@ -4,6 +4,7 @@
 #define KPOOL_TESTS_TEST_UTIL_H
 
 #include <gmock/gmock.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -218,6 +219,9 @@ inline const kpool_tensor *opt(const kpool_tensor &t, bool present) {
 inline bool build_has_cuda() {
     return std::string(kpool_version()).find("cuda") != std::string::npos;
 }
+
+// Whether this machine has an NVIDIA driver (its control device) at all.
+inline bool cuda_driver_present() { return access("/dev/nvidiactl", F_OK) == 0; }
 
 }  // namespace kpool_test
 
