@@ -254,5 +254,72 @@ TEST(LargeCache, SeedAndDecodeAbove4GiB) {
     EXPECT_LT(pages, 4096u);
 }
 
+// 2^24 + 1024 rows of 128: element offsets of q pass 2^31 (SPEC: the
+// reference's 32-bit offsets overflow at 16.7M rows). The input is a lazily
+// mapped zero buffer with a few random rows on both sides of row 2^24.
+TEST(LargeCache, FwhtPast2To31Elements) {
+    const int64_t rows = (int64_t(1) << 24) + 1024;
+    LargeMapping q(size_t(rows) * kD * 2), fp8(size_t(rows) * kD), scale(size_t(rows) * 4);
+    if (!q.ok() || !fp8.ok() || !scale.ok()) GTEST_SKIP() << "cannot map the fwht buffers";
+    std::mt19937 rng(99);
+    const int64_t special[] = {0, 1, (int64_t(1) << 24) - 1, int64_t(1) << 24, (int64_t(1) << 24) + 1,
+                               rows - 2, rows - 1};
+    const int64_t n_special = sizeof(special) / sizeof(special[0]);
+    HostTensor small_q(KPOOL_DTYPE_BFLOAT16, {n_special, kD});
+    fill_normal(small_q, rng, 4.0f);
+    for (int64_t i = 0; i < n_special; ++i) {
+        std::memcpy(q.data() + special[i] * kD * 2, small_q.raw() + i * kD * 2, kD * 2);
+    }
+    auto desc = [](const LargeMapping &m, kpool_dtype dtype, int ndim, int64_t r) {
+        kpool_tensor t{};
+        t.data = m.data();
+        t.dtype = dtype;
+        t.ndim = ndim;
+        t.shape[0] = r;
+        t.shape[1] = ndim == 2 ? (dtype == KPOOL_DTYPE_FLOAT32 ? 1 : kD) : 0;
+        t.strides[0] = ndim == 2 ? t.shape[1] : 1;
+        t.strides[1] = 1;
+        t.device = KPOOL_DEVICE_CPU;
+        return t;
+    };
+    const kpool_tensor qd = desc(q, KPOOL_DTYPE_BFLOAT16, 2, rows), fd = desc(fp8, KPOOL_DTYPE_UINT8, 2, rows),
+                       sd = desc(scale, KPOOL_DTYPE_FLOAT32, 2, rows);
+    kpool_status st{};
+    const kpool_exec ex{nullptr};
+    ASSERT_EQ(kpool_fwht128_quant_fp8(&qd, &fd, &sd, &ex, &st), KPOOL_OK) << st.message;
+
+    HostTensor small_fp8(KPOOL_DTYPE_UINT8, {n_special, kD}), small_scale(KPOOL_DTYPE_FLOAT32, {n_special, 1});
+    {
+        const kpool_tensor a = small_q.desc(), b = small_fp8.desc(), c = small_scale.desc();
+        kpool_ref::fwht128_quant_fp8(&a, &b, &c);
+    }
+    for (int64_t i = 0; i < n_special; ++i) {
+        const int64_t r = special[i];
+        EXPECT_EQ(std::memcmp(fp8.data() + r * kD, small_fp8.raw() + i * kD, kD), 0) << "codes of row " << r;
+        EXPECT_EQ(std::memcmp(scale.data() + r * 4, small_scale.raw() + i * 4, 4), 0) << "scale of row " << r;
+    }
+    // Every other row is zero: codes 0 and the floor scale, all the way to the end.
+    kpool_ref::Row zero{};
+    const float floor_scale = kpool_ref::fp8_scale(zero, true);
+    int64_t bad_rows = 0, first_bad = -1;
+    size_t next_special = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        if (next_special < size_t(n_special) && special[next_special] == r) {
+            ++next_special;
+            continue;
+        }
+        float s;
+        std::memcpy(&s, scale.data() + r * 4, 4);
+        const uint64_t *codes = reinterpret_cast<const uint64_t *>(fp8.data() + r * kD);
+        bool ok = s == floor_scale;
+        for (int w = 0; w < kD / 8; ++w) ok = ok && codes[w] == 0;
+        if (!ok) {
+            if (first_bad < 0) first_bad = r;
+            ++bad_rows;
+        }
+    }
+    EXPECT_EQ(bad_rows, 0) << "zero rows with a wrong result, first " << first_bad;
+}
+
 }  // namespace
 }  // namespace kpool_test

@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -905,6 +906,7 @@ TokenMapInputs make_token_map(std::mt19937 &rng, TokenMap map, int64_t rows, int
     for (int64_t r = 0; r < rows; ++r) {
         int64_t off = std::uniform_int_distribution<int64_t>(0, 1 << 24)(rng);
         if (r == 1) off = (int64_t(1) << 32) + 3;  // wraps to int32 as the reference's .to(int32)
+        if (r == 2) off = -100;                    // may take a token id below 0
         t.topk_offsets.set<int64_t>({r}, off);
     }
     t.has_table = map == TokenMap::kPageTable;
@@ -1077,6 +1079,356 @@ TEST(ExpandEdge, FusedEqualsTwoStep) {
                         st);
         ASSERT_KPOOL_OK(kpool_append_tail_to_topk(&t, &s, &pl, nullptr, nullptr, &o, P, &ex, &st), st);
         EXPECT_BYTES_EQ(fused, two_step);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Strided views: every input and output as a view into a padded allocation
+// (outer strides padded, 1-D and per-token index tensors with non-unit
+// strides). The results must equal the reference on the same views, and the
+// padding of the outputs must stay as it was.
+// ---------------------------------------------------------------------------
+
+TEST(StridedViews, Fwht) {
+    for (bool scale_2d : {false, true}) {
+        std::mt19937 rng(501);
+        const int64_t rows = 37;
+        HostTensor q(KPOOL_DTYPE_BFLOAT16, {rows, kD});
+        fill_normal(q, rng, 3.0f);
+        const HostTensor qs = restride(q, {kD + 48, 1});
+        HostTensor fp8(KPOOL_DTYPE_UINT8, {rows, kD}, {kD + 16, 1});
+        fp8.fill_random_bytes(rng);
+        HostTensor scale = scale_2d ? HostTensor(KPOOL_DTYPE_FLOAT32, {rows, 1}, {5, 9})
+                                    : HostTensor(KPOOL_DTYPE_FLOAT32, {rows}, {3});
+        scale.fill_random_bytes(rng);
+        HostTensor fp8_api = fp8, scale_api = scale;
+        const kpool_tensor qd = qs.desc();
+        {
+            const kpool_tensor f = fp8.desc(), sc = scale.desc();
+            kpool_ref::fwht128_quant_fp8(&qd, &f, &sc);
+        }
+        const kpool_tensor f = fp8_api.desc(), sc = scale_api.desc();
+        kpool_status st{};
+        const kpool_exec ex = cpu_exec();
+        ASSERT_KPOOL_OK(kpool_fwht128_quant_fp8(&qd, &f, &sc, &ex, &st), st);
+        EXPECT_BYTES_EQ(fp8, fp8_api);
+        EXPECT_BYTES_EQ(scale, scale_api);
+    }
+}
+
+TEST(StridedViews, Compress) {
+    for (int P : {1, 4, 16}) {
+        for (CompressMode mode : {CompressMode::kWrite, CompressMode::kWriteMasked, CompressMode::kWriteAndReturn}) {
+            SCOPED_TRACE("P = " + std::to_string(P) + " " + mode_tag(mode));
+            std::mt19937 rng(600 + P);
+            const int64_t n = 29, block_size = 16, num_blocks = 8;
+            HostTensor cache = make_kv_cache(num_blocks, block_size, true);
+            cache.fill_random_bytes(rng);
+            const CompressInputs in =
+                make_compress_inputs(rng, n, P, KPOOL_DTYPE_BFLOAT16, num_blocks * block_size);
+            const HostTensor k = restride(in.slot_k, {P * (kD + 32) + 64, kD + 32, 1});
+            const HostTensor sc = restride(in.slot_score, {P * (kD + 8) + 8, kD + 8, 1});
+            const HostTensor a = restride(in.ape, {kD + 4, 1});
+            const HostTensor l = restride(in.loc, {2});
+            const HostTensor m = restride(in.write_mask, {3}, 0x00);
+            const bool masked = mode == CompressMode::kWriteMasked;
+            const bool ret = mode == CompressMode::kWriteAndReturn;
+            HostTensor ck(KPOOL_DTYPE_FLOAT8_E4M3FN, {n, kD}, {kD + 72, 1});
+            HostTensor cs(KPOOL_DTYPE_FLOAT32, {n, 1}, {3, 11});
+            ck.fill_random_bytes(rng);
+            cs.fill_random_bytes(rng);
+            HostTensor cache_api = cache, ck_api = ck, cs_api = cs;
+            const kpool_tensor kd = k.desc(), sd = sc.desc(), ad = a.desc(), ld = l.desc(), md = m.desc();
+            {
+                const kpool_tensor c = cache.desc(), o1 = ck.desc(), o2 = cs.desc();
+                kpool_ref::compress_and_write_cache(&c, &kd, &sd, &ad, &ld, opt(md, masked), opt(o1, ret),
+                                                    opt(o2, ret), P, kD, 1, 1);
+            }
+            const kpool_tensor c = cache_api.desc(), o1 = ck_api.desc(), o2 = cs_api.desc();
+            kpool_status st{};
+            const kpool_exec ex = cpu_exec();
+            ASSERT_KPOOL_OK(kpool_compress_and_write_cache(&c, &kd, &sd, &ad, &ld, opt(md, masked), opt(o1, ret),
+                                                           opt(o2, ret), P, kD, 1, 1, &ex, &st),
+                            st);
+            EXPECT_BYTES_EQ(cache, cache_api);
+            EXPECT_BYTES_EQ(ck, ck_api);
+            EXPECT_BYTES_EQ(cs, cs_api);
+        }
+    }
+}
+
+TEST(StridedViews, Seed) {
+    for (int P : {4, 16}) {
+        for (kpool_dtype dt : {KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64}) {
+            SCOPED_TRACE("P = " + std::to_string(P) + " " + dtype_tag(dt));
+            std::mt19937 rng(700 + P);
+            const int64_t ring = 2 * P, num_blocks = 9;
+            HostTensor tail = make_tail_cache(num_blocks, ring, true);
+            tail.fill_random_bytes(rng);
+            const SeedInputs in = make_seed_inputs(rng, P, ring, dt, num_blocks);
+            const HostTensor k = restride(in.key, {kD + 72, 1}), g = restride(in.gate_score, {kD + 8, 1}),
+                             t = restride(in.tslot, {2});
+            HostTensor tail_api = tail;
+            const kpool_tensor kd = k.desc(), gd = g.desc(), td = t.desc();
+            {
+                const kpool_tensor tl = tail.desc();
+                kpool_ref::seed_tail_cache(&tl, &kd, &gd, &td, P, kD);
+            }
+            const kpool_tensor tl = tail_api.desc();
+            kpool_status st{};
+            const kpool_exec ex = cpu_exec();
+            ASSERT_KPOOL_OK(kpool_seed_tail_cache(&tl, &kd, &gd, &td, P, kD, &ex, &st), st);
+            EXPECT_BYTES_EQ(tail, tail_api);
+        }
+    }
+}
+
+TEST(StridedViews, Decode) {
+    for (int P : {1, 4, 16}) {
+        for (int64_t N : {int64_t(1), int64_t(P + 3)}) {
+            SCOPED_TRACE("P = " + std::to_string(P) + " N = " + std::to_string(N));
+            std::mt19937 rng(800 + P + N);
+            const int64_t B = 6, ring = 2 * P, block_size = 16;
+            const int64_t num_blocks = std::max<int64_t>(4, (2 * B * N) / block_size + 2), tail_blocks = B + 3;
+            HostTensor cache = make_kv_cache(num_blocks, block_size, true);
+            cache.fill_random_bytes(rng);
+            HostTensor tail = make_tail_cache(tail_blocks, ring, true);
+            fill_normal(tail, rng);
+            DecodeInputs in = make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size);
+            // Drop the tail slot of one completion, so the skipped count is
+            // computed through the strided views too.
+            int64_t dropped = 0;
+            for (int64_t t = 0; t < N && dropped == 0; ++t) {
+                if (in.slot_mapping.get<int32_t>({0, t}) >= 0) {
+                    in.tail_slot_mapping.set<int32_t>({0, t}, -1);
+                    ++dropped;
+                }
+            }
+            DecodeInputs v;
+            v.tail_slot_mapping = restride(in.tail_slot_mapping, {2 * N + 5, 2});
+            v.slot_mapping = restride(in.slot_mapping, {N + 1, 1});
+            v.positions = restride(in.positions, {1, B});  // column-major
+            v.key = restride(in.key, {N * (kD + 32) + 32, kD + 32, 1});
+            v.slot_score = restride(in.slot_score, {N * (kD + 8), kD + 8, 1});
+            v.ape = restride(in.ape, {kD + 16, 1});
+            DecodeRun ref, api, again;
+            run_decode_both(cache, tail, v, P, true, ref, api, again);
+            if (HasFatalFailure()) return;
+            EXPECT_EQ(ref.skipped, dropped);
+            EXPECT_EQ(api.skipped, dropped);
+            EXPECT_BYTES_EQ(ref.cache, api.cache);
+            EXPECT_BYTES_EQ(ref.tail, api.tail);
+        }
+    }
+}
+
+TEST(StridedViews, ExpandFamily) {
+    for (int P : {1, 4, 16}) {
+        SCOPED_TRACE("P = " + std::to_string(P));
+        std::mt19937 rng(900 + P);
+        const int64_t rows = 11, G = 5, W = 300;
+        HostTensor ids(KPOOL_DTYPE_INT64, {rows, G}), valid(KPOOL_DTYPE_BOOL, {rows, G}),
+            seq(KPOOL_DTYPE_INT32, {rows}), pools(KPOOL_DTYPE_INT32, {rows});
+        for (int64_t r = 0; r < rows; ++r) {
+            const int32_t len = std::uniform_int_distribution<int32_t>(0, 400)(rng);
+            seq.set<int32_t>({r}, len);
+            pools.set<int32_t>({r}, len / P);
+            for (int64_t g = 0; g < G; ++g) {
+                ids.set<int64_t>({r, g}, std::uniform_int_distribution<int64_t>(-1, len / P + 1)(rng));
+                valid.set<uint8_t>({r, g}, (r + g) % 3 != 0);
+            }
+        }
+        TokenMapInputs tm1 = make_token_map(rng, TokenMap::kOffsets1d, rows, W);
+        TokenMapInputs tm2 = make_token_map(rng, TokenMap::kOffsets2d, rows, W);
+        const HostTensor ids_s = restride(ids, {G + 3, 1}), valid_s = restride(valid, {G + 2, 1}, 0),
+                         seq_s = restride(seq, {2}), pools_s = restride(pools, {3}),
+                         table_s = restride(tm1.page_table, {W + 7, 1}), off1_s = restride(tm1.topk_offsets, {3}),
+                         off2_s = restride(tm2.topk_offsets, {4, 1});
+        const kpool_tensor i = ids_s.desc(), v = valid_s.desc(), s = seq_s.desc(), pl = pools_s.desc(),
+                           pt = table_s.desc(), o1 = off1_s.desc(), o2 = off2_s.desc();
+        const kpool_exec ex = cpu_exec();
+        kpool_status st{};
+        {
+            HostTensor out(KPOOL_DTYPE_INT32, {rows, G * P + P - 1}, {G * P + P + 5, 1});
+            out.fill_random_bytes(rng);
+            HostTensor out_api = out;
+            const kpool_tensor o = out.desc(), oa = out_api.desc();
+            kpool_ref::expand_pools_and_append_tail(&i, &s, &o, P, 1);
+            ASSERT_KPOOL_OK(kpool_expand_pools_and_append_tail(&i, &s, &oa, P, 1, &ex, &st), st);
+            EXPECT_BYTES_EQ(out, out_api);
+        }
+        for (int map = 0; map < 4; ++map) {
+            SCOPED_TRACE("token map " + std::to_string(map));
+            const kpool_tensor *table = map == 1 ? &pt : nullptr;
+            const kpool_tensor *offsets = map == 2 ? &o1 : map == 3 ? &o2 : nullptr;
+            HostTensor tokens(KPOOL_DTYPE_INT32, {rows, G * P}, {G * P + 9, 1});
+            tokens.fill_random_bytes(rng);
+            HostTensor tokens_api = tokens;
+            const kpool_tensor t = tokens.desc(), ta = tokens_api.desc();
+            kpool_ref::expand_pools_to_tokens(&i, &v, table, offsets, &t, static_cast<int32_t>(G * P), P);
+            ASSERT_KPOOL_OK(kpool_expand_pools_to_tokens(&i, &v, table, offsets, &ta, static_cast<int32_t>(G * P),
+                                                         P, &ex, &st),
+                            st);
+            EXPECT_BYTES_EQ(tokens, tokens_api);
+            // The tokens as a strided topk_result for append_tail_to_topk.
+            const HostTensor topk = restride(tokens_api, {G * P + 2, 1});
+            HostTensor out(KPOOL_DTYPE_INT32, {rows, G * P + P - 1}, {G * P + P + 3, 1});
+            out.fill_random_bytes(rng);
+            HostTensor out_api = out;
+            const kpool_tensor tk = topk.desc(), o = out.desc(), oa = out_api.desc();
+            kpool_ref::append_tail_to_topk(&tk, &s, &pl, table, offsets, &o, P);
+            ASSERT_KPOOL_OK(kpool_append_tail_to_topk(&tk, &s, &pl, table, offsets, &oa, P, &ex, &st), st);
+            EXPECT_BYTES_EQ(out, out_api);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The engine layout: the tail ring aliases the indexer allocation. Each page
+// of one buffer holds block_size K rows + scales, then the page's tail ring
+// (both halves); kv_cache and tail_kv_cache are two views of it. Seed,
+// compress and decode on those views match the reference on the same views.
+// ---------------------------------------------------------------------------
+
+TEST(AliasedLayout, TailRingInsideIndexerPages) {
+    for (int P : {4, 16}) {
+        SCOPED_TRACE("P = " + std::to_string(P));
+        std::mt19937 rng(1100 + P);
+        const int64_t block_size = 16, ring = P, num_blocks = 12;
+        const int64_t tail_bytes = 2 * ring * kD * 2;
+        const int64_t page = block_size * kRowBytes + tail_bytes + 32;  // a multiple of 4
+        HostTensor storage(KPOOL_DTYPE_UINT8, {num_blocks * page});
+        storage.fill_random_bytes(rng);
+        {
+            // Finite bf16 everywhere in the ring parts (reads of earlier stashes).
+            for (int64_t b = 0; b < num_blocks; ++b) {
+                auto *ring_bits = reinterpret_cast<uint16_t *>(storage.raw() + b * page + block_size * kRowBytes);
+                for (int64_t e = 0; e < tail_bytes / 2; ++e) ring_bits[e] = random_bf16(rng);
+            }
+        }
+        auto views = [&](HostTensor &buf, kpool_tensor &kv, kpool_tensor &tail) {
+            kv = kpool_tensor{};
+            kv.data = buf.raw();
+            kv.dtype = KPOOL_DTYPE_UINT8;
+            kv.ndim = 3;
+            kv.shape[0] = num_blocks;
+            kv.shape[1] = block_size;
+            kv.shape[2] = kRowBytes;
+            kv.strides[0] = page;
+            kv.strides[1] = kRowBytes;
+            kv.strides[2] = 1;
+            tail = kpool_tensor{};
+            tail.data = buf.raw() + block_size * kRowBytes;
+            tail.dtype = KPOOL_DTYPE_BFLOAT16;
+            tail.ndim = 4;
+            tail.shape[0] = num_blocks;
+            tail.shape[1] = 2;
+            tail.shape[2] = ring;
+            tail.shape[3] = kD;
+            tail.strides[0] = page / 2;
+            tail.strides[1] = ring * kD;
+            tail.strides[2] = kD;
+            tail.strides[3] = 1;
+        };
+        HostTensor ref = storage, api = storage;
+        kpool_tensor kv_ref, tail_ref, kv_api, tail_api;
+        views(ref, kv_ref, tail_ref);
+        views(api, kv_api, tail_api);
+        const kpool_exec ex = cpu_exec();
+        kpool_status st{};
+
+        // Prefill: seed the tails and compress the complete pools.
+        const SeedInputs seed = make_seed_inputs(rng, P, ring, KPOOL_DTYPE_INT64, num_blocks);
+        const kpool_tensor k = seed.key.desc(), g = seed.gate_score.desc(), t = seed.tslot.desc();
+        kpool_ref::seed_tail_cache(&tail_ref, &k, &g, &t, P, kD);
+        ASSERT_KPOOL_OK(kpool_seed_tail_cache(&tail_api, &k, &g, &t, P, kD, &ex, &st), st);
+        const CompressInputs comp = make_compress_inputs(rng, 19, P, KPOOL_DTYPE_BFLOAT16, num_blocks * block_size);
+        const kpool_tensor ck = comp.slot_k.desc(), cs = comp.slot_score.desc(), ca = comp.ape.desc(),
+                           cl = comp.loc.desc();
+        kpool_ref::compress_and_write_cache(&kv_ref, &ck, &cs, &ca, &cl, nullptr, nullptr, nullptr, P, kD, 1, 1);
+        ASSERT_KPOOL_OK(kpool_compress_and_write_cache(&kv_api, &ck, &cs, &ca, &cl, nullptr, nullptr, nullptr, P,
+                                                       kD, 1, 1, &ex, &st),
+                        st);
+        ASSERT_BYTES_EQ(ref, api) << "after seed + compress";
+
+        // Decode two steps of next_n = P + 1.
+        for (int step = 0; step < 2; ++step) {
+            const DecodeInputs in = make_decode_inputs(rng, 5, P + 1, P, ring, num_blocks, num_blocks * block_size);
+            const kpool_tensor tsm = in.tail_slot_mapping.desc(), dk = in.key.desc(), ds = in.slot_score.desc(),
+                               da = in.ape.desc(), sm = in.slot_mapping.desc(), pos = in.positions.desc();
+            kpool_ref::decode_update_and_maybe_write_cache_batched(&kv_ref, &tail_ref, &tsm, &dk, &ds, &da, &sm, &pos,
+                                                                   P, kD, 1);
+            ASSERT_KPOOL_OK(kpool_decode_update_and_maybe_write_cache_batched(&kv_api, &tail_api, &tsm, &dk, &ds, &da,
+                                                                              &sm, &pos, P, kD, 1, &ex, &st),
+                            st);
+            ASSERT_BYTES_EQ(ref, api) << "after decode step " << step;
+        }
+        EXPECT_NE(ref.bytes(), storage.bytes());
+    }
+}
+
+// Independent calls from several threads at once (an engine with several
+// streams or workers): each matches the reference.
+TEST(Concurrency, CallsFromSeveralThreads) {
+    const int kThreads = 4;
+    std::vector<HostTensor> caches_ref, caches_api;
+    std::vector<CompressInputs> inputs;
+    std::vector<HostTensor> q, fp8_ref, fp8_api, scale_ref, scale_api;
+    for (int i = 0; i < kThreads; ++i) {
+        std::mt19937 rng(1200 + i);
+        HostTensor cache = make_kv_cache(8, 16, i % 2 == 1);
+        cache.fill_random_bytes(rng);
+        caches_ref.push_back(cache);
+        caches_api.push_back(cache);
+        inputs.push_back(make_compress_inputs(rng, 41, i % 2 ? 16 : 4, KPOOL_DTYPE_BFLOAT16, 128));
+        HostTensor qi(KPOOL_DTYPE_BFLOAT16, {300, kD});
+        fill_normal(qi, rng);
+        q.push_back(qi);
+        fp8_ref.emplace_back(KPOOL_DTYPE_UINT8, std::vector<int64_t>{300, kD});
+        fp8_api.emplace_back(KPOOL_DTYPE_UINT8, std::vector<int64_t>{300, kD});
+        scale_ref.emplace_back(KPOOL_DTYPE_FLOAT32, std::vector<int64_t>{300});
+        scale_api.emplace_back(KPOOL_DTYPE_FLOAT32, std::vector<int64_t>{300});
+    }
+    for (int i = 0; i < kThreads; ++i) {
+        const int P = i % 2 ? 16 : 4;
+        const kpool_tensor c = caches_ref[i].desc(), k = inputs[i].slot_k.desc(), s = inputs[i].slot_score.desc(),
+                           a = inputs[i].ape.desc(), l = inputs[i].loc.desc();
+        kpool_ref::compress_and_write_cache(&c, &k, &s, &a, &l, nullptr, nullptr, nullptr, P, kD, 1, 1);
+        const kpool_tensor qd = q[i].desc(), f = fp8_ref[i].desc(), sc = scale_ref[i].desc();
+        kpool_ref::fwht128_quant_fp8(&qd, &f, &sc);
+    }
+    std::vector<kpool_status_code> codes(kThreads, KPOOL_ERROR_INTERNAL);
+    std::vector<std::string> messages(kThreads);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+        threads.emplace_back([&, i] {
+            const int P = i % 2 ? 16 : 4;
+            const kpool_exec ex = cpu_exec();
+            for (int rep = 0; rep < 5; ++rep) {
+                kpool_status st{};
+                const kpool_tensor c = caches_api[i].desc(), k = inputs[i].slot_k.desc(),
+                                   s = inputs[i].slot_score.desc(), a = inputs[i].ape.desc(), l = inputs[i].loc.desc();
+                codes[i] = kpool_compress_and_write_cache(&c, &k, &s, &a, &l, nullptr, nullptr, nullptr, P, kD, 1, 1,
+                                                          &ex, &st);
+                if (codes[i] != KPOOL_OK) {
+                    messages[i] = st.message;
+                    return;
+                }
+                const kpool_tensor qd = q[i].desc(), f = fp8_api[i].desc(), sc = scale_api[i].desc();
+                codes[i] = kpool_fwht128_quant_fp8(&qd, &f, &sc, &ex, &st);
+                if (codes[i] != KPOOL_OK) {
+                    messages[i] = st.message;
+                    return;
+                }
+            }
+        });
+    }
+    for (auto &th : threads) th.join();
+    for (int i = 0; i < kThreads; ++i) {
+        ASSERT_EQ(codes[i], KPOOL_OK) << "thread " << i << ": " << messages[i];
+        EXPECT_BYTES_EQ(caches_ref[i], caches_api[i]);
+        EXPECT_BYTES_EQ(fp8_ref[i], fp8_api[i]);
+        EXPECT_BYTES_EQ(scale_ref[i], scale_api[i]);
     }
 }
 

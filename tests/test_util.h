@@ -211,6 +211,30 @@ inline ::testing::AssertionResult BytesEqual(const char *expected_expr, const ch
 #define EXPECT_BYTES_EQ(expected, actual) EXPECT_PRED_FORMAT2(::kpool_test::BytesEqual, expected, actual)
 #define ASSERT_BYTES_EQ(expected, actual) ASSERT_PRED_FORMAT2(::kpool_test::BytesEqual, expected, actual)
 
+// A copy of `src` laid out with other strides (a view into a padded
+// allocation, as an engine's tensors often are). Padding bytes are `pad`:
+// 0xFF makes a misread float a NaN and a misread index -1.
+inline HostTensor restride(const HostTensor &src, std::vector<int64_t> strides, uint8_t pad = 0xFF) {
+    HostTensor dst(src.dtype(), src.shape(), strides);
+    dst.fill_byte(pad);
+    if (src.numel() == 0) return dst;
+    const size_t es = dtype_size(src.dtype());
+    const int nd = static_cast<int>(src.shape().size());
+    std::vector<int64_t> idx(nd, 0);
+    for (;;) {
+        int64_t from = 0, to = 0;
+        for (int d = 0; d < nd; ++d) {
+            from += idx[d] * src.strides()[d];
+            to += idx[d] * strides[d];
+        }
+        std::memcpy(dst.raw() + to * es, src.bytes().data() + from * es, es);
+        int d = nd - 1;
+        while (d >= 0 && ++idx[d] == src.shape(d)) idx[d--] = 0;
+        if (d < 0) break;
+    }
+    return dst;
+}
+
 // A kpool_tensor pointer for an optional argument.
 inline const kpool_tensor *opt(const kpool_tensor &t, bool present) {
     return present ? &t : nullptr;

@@ -16,6 +16,7 @@ Environment:
         while libkpool.so has no CUDA path; graph capture is skipped)
     KPOOL_GPU_TEST_QUICK=1|0  the two smallest sizes of each sweep axis
         (default: 1 with KPOOL_GPU_TEST_KPOOL_DEVICE=cpu, else 0)
+    KPOOL_GPU_TEST_ARITH_MODEL=1  also run the arithmetic-model diagnostic
 
 The reference's fp32 ``exp`` is ``ex2.approx.f32(x * log2(e))`` and its fp32
 division ``div.full.f32`` (Triton's defaults; seen in its PTX on the H200):
@@ -23,9 +24,10 @@ neither is correctly rounded, so an implementation with IEEE division and a
 correctly rounded exp differs from it on about 0.1-0.2% of pools on random
 data (a few bytes of the slot, small e4m3 code distances). Such differences
 fail the test and are reported with their size; they are not tolerated.
-``test_compress_arithmetic_model`` shows where they come from: a torch model
-with the reference's instructions reproduces the reference, one with the
-SPEC's (IEEE) arithmetic reproduces kpool (kpool.testing / kpool._refmodel).
+``test_compress_arithmetic_model`` (opt-in, KPOOL_GPU_TEST_ARITH_MODEL=1)
+checks where they come from: a torch model with the reference's instructions
+should reproduce the reference, one with the SPEC's (IEEE) arithmetic kpool
+(kpool._refmodel).
 
 Allowed differences, each reported in the summary, none hidden: a cache row
 or fwht row whose ue8m0 scale is exactly 2x the reference's (SPEC, shared
@@ -295,6 +297,8 @@ def test_compress_arithmetic_model(p):
     must reproduce the reference bit for bit, and kpool must equal the model
     of one of the two flavours (SPEC: correctly rounded exp, IEEE division,
     separate multiply and add; or the reference's)."""
+    if os.environ.get("KPOOL_GPU_TEST_ARITH_MODEL") != "1":
+        pytest.skip("diagnostic, not yet run on the GPU: set KPOOL_GPU_TEST_ARITH_MODEL=1")
     from kpool import _refmodel
 
     gen = kt.Gen(700 + p["n"] + p["P"], DEV)
