@@ -6,10 +6,6 @@ namespace kpool {
 
 namespace {
 
-std::vector<Expr> exprs(const std::vector<Var> &vars) {
-    return std::vector<Expr>(vars.begin(), vars.end());
-}
-
 std::vector<Expr> with_first(Expr first, const std::vector<Var> &rows) {
     std::vector<Expr> args{first};
     args.insert(args.end(), rows.begin(), rows.end());
