@@ -1,5 +1,6 @@
 #include "validate.h"
 
+#include <cstring>
 #include <limits>
 
 namespace kpool::rt {
@@ -38,31 +39,45 @@ std::string shape_string(const kpool_tensor *t) {
     return s.str();
 }
 
+// A caller's enum field as the integer it holds: a C caller may store any
+// value there, and loading an out-of-range enum is undefined in C++.
+template <typename Enum>
+int32_t raw_value(const Enum &field) {
+    int32_t value;
+    static_assert(sizeof(field) == sizeof(value), "kpool enums are 32-bit");
+    std::memcpy(&value, &field, sizeof value);
+    return value;
+}
+
 void require_common(const char *name, const kpool_tensor *t, std::initializer_list<kpool_dtype> dtypes) {
     if (t == nullptr) {
         invalid() << name << " is NULL";
     }
+    const int32_t dtype = raw_value(t->dtype);
     bool dtype_ok = false;
     for (kpool_dtype d : dtypes) {
-        dtype_ok = dtype_ok || t->dtype == d;
+        dtype_ok = dtype_ok || dtype == d;
     }
     if (!dtype_ok) {
         auto f = invalid();
-        f << name << " has dtype " << kpool_dtype_name(t->dtype) << ", expected ";
+        const bool known = dtype >= KPOOL_DTYPE_UINT8 && dtype <= KPOOL_DTYPE_FLOAT8_E4M3FN;
+        f << name << " has dtype " << (known ? kpool_dtype_name(static_cast<kpool_dtype>(dtype)) : "unknown")
+          << " (" << dtype << "), expected ";
         const char *sep = "";
         for (kpool_dtype d : dtypes) {
             f << sep << kpool_dtype_name(d);
             sep = " or ";
         }
     }
+    const int32_t device = raw_value(t->device);
 #ifdef KPOOL_WITH_CUDA
-    const bool device_ok = t->device == KPOOL_DEVICE_CPU || t->device == KPOOL_DEVICE_CUDA;
+    const bool device_ok = device == KPOOL_DEVICE_CPU || device == KPOOL_DEVICE_CUDA;
 #else
-    const bool device_ok = t->device == KPOOL_DEVICE_CPU;
+    const bool device_ok = device == KPOOL_DEVICE_CPU;
 #endif
     if (!device_ok) {
-        unsupported() << name << " is on device " << (t->device == KPOOL_DEVICE_CUDA ? "cuda" : "unknown")
-                      << ":" << t->device_index << ", which this build of kpool does not run on";
+        unsupported() << name << " is on device " << (device == KPOOL_DEVICE_CUDA ? "cuda" : "unknown") << " ("
+                      << device << "):" << t->device_index << ", which this build of kpool does not run on";
     }
 }
 

@@ -85,6 +85,7 @@ ensure_gtest() {
 
 configure() {
     local with_tests=$1
+    shift
     # A build/ configured with another generator cannot be reused with Ninja.
     if [ -f "$build_dir/CMakeCache.txt" ] &&
         ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$build_dir/CMakeCache.txt"; then
@@ -97,7 +98,7 @@ configure() {
         -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
         -DCMAKE_PREFIX_PATH="$halide_dir" \
-        -DKPOOL_BUILD_TESTS="$with_tests"
+        -DKPOOL_BUILD_TESTS="$with_tests" "$@"
 }
 
 build() {
@@ -126,7 +127,16 @@ case "$command" in
         ensure_gtest || die "GoogleTest is missing and could not be installed (apt-get install libgtest-dev libgmock-dev)"
         configure ON
         build
-        exec "$venv/bin/ctest" --test-dir "$build_dir" --output-on-failure -j "$jobs" "$@"
+        "$venv/bin/ctest" --test-dir "$build_dir" --output-on-failure -j "$jobs" "$@"
+        # The same suite under AddressSanitizer and UndefinedBehaviorSanitizer
+        # (the "sanitize" preset's settings; CPU kernels only, the GPU tests
+        # skip there anyway).
+        log "the test suite again under ASan + UBSan (build-sanitize/)"
+        build_dir="$root/build-sanitize"
+        configure ON -DKPOOL_SANITIZE=ON -DKPOOL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+        build
+        ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+            exec "$venv/bin/ctest" --test-dir "$build_dir" --output-on-failure -j "$jobs" "$@"
         ;;
     build)
         ensure_venv
