@@ -2,6 +2,8 @@
 // every per-row stage computed at its row, in registers and stack buffers,
 // vectorized over d; no heap intermediates. Vector width comes from the
 // target (8 f32 lanes on the AVX2 baseline the libraries are built for).
+// On 2 shared EPYC cores (kpool demo): fwht 10626 rows 4.1 ms, compress 2654
+// pools of 4 in 5.5 ms, decode of 9 x 2 tokens 13 us per call.
 #include "cpu.h"
 
 namespace kpool::cpu {
