@@ -43,6 +43,7 @@
 
 #include "device.h"
 #include "support/dump.h"
+#include "test_inputs.h"
 #include "test_util.h"
 
 #ifndef KPOOL_TEST_DATA_DIR
@@ -425,37 +426,6 @@ void expect_device_skipped(int64_t gpu, int64_t cpu) {
 // Engine-shaped inputs (as test_ops builds them)
 // ---------------------------------------------------------------------------
 
-HostTensor make_kv_cache(int64_t num_blocks, int64_t block_size, bool padded) {
-    const int64_t page = block_size * kRowBytes + (padded ? 4 * 37 : 0);
-    return HostTensor(KPOOL_DTYPE_UINT8, {num_blocks, block_size, kRowBytes}, {page, kRowBytes, 1});
-}
-
-HostTensor make_tail_cache(int64_t num_blocks, int64_t ring, bool padded) {
-    const int64_t half = ring * kD + (padded ? 64 : 0);
-    const int64_t block = 2 * half + (padded ? 320 : 0);
-    return HostTensor(KPOOL_DTYPE_BFLOAT16, {num_blocks, 2, ring, kD}, {block, half, kD, 1});
-}
-
-std::string dtype_tag(kpool_dtype t) {
-    switch (t) {
-        case KPOOL_DTYPE_INT32: return "i32";
-        case KPOOL_DTYPE_INT64: return "i64";
-        case KPOOL_DTYPE_BFLOAT16: return "bf16";
-        case KPOOL_DTYPE_FLOAT32: return "f32";
-        case KPOOL_DTYPE_UINT8: return "u8";
-        case KPOOL_DTYPE_FLOAT8_E4M3FN: return "e4m3";
-        default: return "other";
-    }
-}
-
-void set_score(HostTensor &t, std::initializer_list<int64_t> index, float v) {
-    if (t.dtype() == KPOOL_DTYPE_BFLOAT16) {
-        t.set<uint16_t>(index, bf16_of(v));
-    } else {
-        t.set<float>(index, v);
-    }
-}
-
 HostTensor make_fwht_q(std::mt19937 &rng, int64_t rows) {
     HostTensor q(KPOOL_DTYPE_BFLOAT16, {rows, kD});
     fill_normal(q, rng, 2.0f);
@@ -464,142 +434,6 @@ HostTensor make_fwht_q(std::mt19937 &rng, int64_t rows) {
         for (int d = 0; d < kD; ++d) q.set<uint16_t>({r, d}, random_bf16(rng, edge_sigma[r]));
     }
     return q;
-}
-
-struct CompressInputs {
-    HostTensor slot_k, slot_score, ape, loc, write_mask;
-};
-
-// n pools of P tokens: random bf16 K, wide / equal scores on some pools,
-// distinct slots (slot 0 and the last slot among them), negative sentinels.
-CompressInputs make_compress_inputs(std::mt19937 &rng, int64_t n, int P, kpool_dtype score_dtype,
-                                    int64_t cache_slots) {
-    CompressInputs in;
-    in.slot_k = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, P, kD});
-    in.slot_score = HostTensor(score_dtype, {n, P, kD});
-    in.ape = HostTensor(KPOOL_DTYPE_FLOAT32, {P, kD});
-    fill_normal(in.slot_k, rng, 1.0f);
-    fill_normal(in.slot_score, rng, 2.0f);
-    fill_normal(in.ape, rng, 0.5f);
-    std::normal_distribution<float> wide(0.0f, 60.0f);
-    for (int64_t i = 0; i < n && i < 5; ++i) {
-        const float k_sigma[] = {0.0f, 1e-7f, 1e25f, 1.0f, 3.0f};
-        for (int j = 0; j < P; ++j) {
-            for (int d = 0; d < kD; ++d) {
-                in.slot_k.set<uint16_t>({i, j, d}, random_bf16(rng, k_sigma[i]));
-                if (i == 3) set_score(in.slot_score, {i, j, d}, wide(rng));
-                if (i == 4) set_score(in.slot_score, {i, j, d}, 0.25f);
-            }
-        }
-    }
-    in.loc = HostTensor(KPOOL_DTYPE_INT64, {n});
-    std::vector<int64_t> slots = distinct_slots(rng, std::max<int64_t>(cache_slots - 2, 0), n);
-    for (int64_t &slot : slots) slot += 1;
-    if (n > 12) {
-        slots[12] = 0;
-        slots[n - 1] = cache_slots - 1;
-    }
-    for (int64_t i = 0; i < n; ++i) in.loc.set<int64_t>({i}, slots[i]);
-    const int64_t sentinels[] = {-1, std::numeric_limits<int64_t>::min(), -1234567, -2};
-    for (int k = 0; k < 4; ++k) {
-        const int64_t i = 6 + 7 * k;
-        if (i < n) in.loc.set<int64_t>({i}, sentinels[k]);
-    }
-    in.write_mask = HostTensor(KPOOL_DTYPE_BOOL, {n});
-    std::bernoulli_distribution keep(0.6);
-    for (int64_t i = 0; i < n; ++i) in.write_mask.set<uint8_t>({i}, keep(rng) ? 1 : 0);
-    return in;
-}
-
-struct SeedInputs {
-    HostTensor key, gate_score, tslot;
-};
-
-// A prefill batch of six requests (1 .. 3P tokens, each in its own tail
-// block, from random ring offsets), padding between and after them.
-SeedInputs make_seed_inputs(std::mt19937 &rng, int P, int64_t ring, kpool_dtype tslot_dtype,
-                            int64_t num_blocks) {
-    const int64_t lengths[] = {1, std::max(1, P - 1), P, P + 1, 2 * P + 3, 3 * P};
-    const int num_requests = 6;
-    const std::vector<int64_t> blocks = distinct_slots(rng, num_blocks, num_requests);
-    std::vector<int64_t> slots;
-    const int64_t min_sentinel = tslot_dtype == KPOOL_DTYPE_INT32
-                                     ? int64_t(std::numeric_limits<int32_t>::min())
-                                     : std::numeric_limits<int64_t>::min();
-    for (int r = 0; r < num_requests; ++r) {
-        const int64_t start = std::uniform_int_distribution<int64_t>(0, 4 * P)(rng);
-        for (int64_t t = 0; t < lengths[r]; ++t) slots.push_back(blocks[r] * ring + (start + t) % ring);
-        if (r == 2) {
-            slots.push_back(-1);
-            slots.push_back(-1);
-        }
-        if (r == 3) slots.push_back(-7);
-    }
-    slots.push_back(-1);
-    slots.push_back(min_sentinel);
-    slots.push_back(-1);
-    const int64_t n = static_cast<int64_t>(slots.size());
-    SeedInputs in;
-    in.key = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, kD});
-    in.gate_score = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, kD});
-    fill_normal(in.key, rng);
-    fill_normal(in.gate_score, rng, 2.0f);
-    in.tslot = HostTensor(tslot_dtype, {n});
-    for (int64_t i = 0; i < n; ++i) in.tslot.set_int({i}, slots[i]);
-    return in;
-}
-
-struct DecodeInputs {
-    HostTensor tail_slot_mapping, key, slot_score, ape, slot_mapping, positions;
-};
-
-// B requests x N tokens. Request b % 5 == 1 carries stray slots on
-// non-completing tokens and drops one completion's slot; == 2 ends in
-// padding; == 3 is all padding with stray slots; == 4 runs up to INT32_MAX.
-DecodeInputs make_decode_inputs(std::mt19937 &rng, int64_t B, int64_t N, int P, int64_t ring,
-                                int64_t tail_blocks, int64_t cache_slots) {
-    DecodeInputs in;
-    in.tail_slot_mapping = HostTensor(KPOOL_DTYPE_INT32, {B, N});
-    in.slot_mapping = HostTensor(KPOOL_DTYPE_INT32, {B, N});
-    in.positions = HostTensor(KPOOL_DTYPE_INT32, {B, N});
-    in.key = HostTensor(KPOOL_DTYPE_BFLOAT16, {B, N, kD});
-    in.slot_score = HostTensor(KPOOL_DTYPE_BFLOAT16, {B, N, kD});
-    in.ape = HostTensor(KPOOL_DTYPE_FLOAT32, {P, kD});
-    fill_normal(in.key, rng);
-    fill_normal(in.slot_score, rng, 2.0f);
-    fill_normal(in.ape, rng, 0.5f);
-    const std::vector<int64_t> blocks = distinct_slots(rng, tail_blocks, B);
-    const std::vector<int64_t> locs = distinct_slots(rng, cache_slots, B * N);
-    for (int64_t b = 0; b < B; ++b) {
-        int64_t start = std::uniform_int_distribution<int64_t>(0, 3 * P)(rng);
-        if (b % 5 == 4) start = int64_t(std::numeric_limits<int32_t>::max()) - N + 1;
-        int completing_seen = 0;
-        for (int64_t t = 0; t < N; ++t) {
-            const int64_t pos = start + t;
-            const bool completes = pos % P == P - 1;
-            int64_t tail_slot = blocks[b] * ring + pos % ring;
-            int64_t slot = completes ? locs[b * N + t] : -1;
-            int64_t p = pos;
-            if (b % 5 == 1) {
-                if (!completes && t % 2 == 0) slot = locs[b * N + t];
-                if (completes && completing_seen++ == 1) slot = -1;
-            }
-            if (b % 5 == 2 && t >= (N + 1) / 2) {
-                p = -1;
-                tail_slot = -1;
-                slot = -1;
-            }
-            if (b % 5 == 3) {
-                p = t % 2 ? -1 : std::numeric_limits<int32_t>::min();
-                slot = t % 3 == 0 ? locs[b * N + t] : -1;
-                tail_slot = t % 3 == 1 ? blocks[b] * ring : -1;
-            }
-            in.positions.set<int32_t>({b, t}, static_cast<int32_t>(p));
-            in.tail_slot_mapping.set<int32_t>({b, t}, static_cast<int32_t>(tail_slot));
-            in.slot_mapping.set<int32_t>({b, t}, static_cast<int32_t>(slot));
-        }
-    }
-    return in;
 }
 
 struct ExpandInputs {
@@ -626,45 +460,6 @@ ExpandInputs make_expand_inputs(std::mt19937 &rng, int P, kpool_dtype ids_dtype,
         }
     }
     return in;
-}
-
-enum class TokenMap { kNone, kPageTable, kOffsets1d, kOffsets2d };
-
-std::string map_tag(TokenMap m) {
-    switch (m) {
-        case TokenMap::kNone: return "identity";
-        case TokenMap::kPageTable: return "pageTable";
-        case TokenMap::kOffsets1d: return "offsets1d";
-        case TokenMap::kOffsets2d: return "offsets2d";
-    }
-    return "";
-}
-
-// A page table [rows, W] narrower than the token range (the clamp matters)
-// and offsets [rows] or [rows, 1] (one past int32, as the reference wraps).
-struct TokenMapInputs {
-    HostTensor page_table, topk_offsets;
-    bool has_table = false, has_offsets = false;
-};
-
-TokenMapInputs make_token_map(std::mt19937 &rng, TokenMap map, int64_t rows, int64_t width) {
-    TokenMapInputs t;
-    t.page_table = HostTensor(KPOOL_DTYPE_INT32, {rows, width});
-    for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < width; ++c) {
-            t.page_table.set<int32_t>({r, c}, std::uniform_int_distribution<int32_t>(-5, 1 << 30)(rng));
-        }
-    }
-    t.topk_offsets = HostTensor(KPOOL_DTYPE_INT64, map == TokenMap::kOffsets2d ? std::vector<int64_t>{rows, 1}
-                                                                               : std::vector<int64_t>{rows});
-    for (int64_t r = 0; r < rows; ++r) {
-        int64_t off = std::uniform_int_distribution<int64_t>(0, 1 << 24)(rng);
-        if (r == 1) off = (int64_t(1) << 32) + 3;
-        t.topk_offsets.set<int64_t>({r}, off);
-    }
-    t.has_table = map == TokenMap::kPageTable;
-    t.has_offsets = map == TokenMap::kOffsets1d || map == TokenMap::kOffsets2d;
-    return t;
 }
 
 struct GroupInputs {
@@ -953,19 +748,6 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuFwht,
                                     (std::get<1>(info.param) ? "_scale2d_" : "_scale1d_") +
                                     dtype_tag(std::get<2>(info.param));
                          });
-
-enum class CompressMode { kWrite, kWriteMasked, kWriteAndReturn, kReturnOnly, kReturnOnlyNoCache };
-
-std::string mode_tag(CompressMode m) {
-    switch (m) {
-        case CompressMode::kWrite: return "write";
-        case CompressMode::kWriteMasked: return "masked";
-        case CompressMode::kWriteAndReturn: return "writeReturn";
-        case CompressMode::kReturnOnly: return "returnOnly";
-        case CompressMode::kReturnOnlyNoCache: return "returnNoCache";
-    }
-    return "";
-}
 
 // compress_and_write_cache: P x score dtype x mode; the page size (16 / 64),
 // the padded page stride and round_scale vary with the mode.

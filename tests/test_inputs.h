@@ -1,0 +1,261 @@
+// Engine-shaped random inputs for the op tests, shared by the CPU tests
+// (test_ops.cpp, against the scalar reference) and the GPU tests
+// (test_gpu.cpp, against the CPU kernels).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace kpool_test {
+
+// The indexer cache [num_blocks, block_size, 132] uint8; with `padded` the
+// page stride is larger than block_size * 132 (and a multiple of 4).
+inline HostTensor make_kv_cache(int64_t num_blocks, int64_t block_size, bool padded) {
+    const int64_t page = block_size * kRowBytes + (padded ? 4 * 37 : 0);
+    return HostTensor(KPOOL_DTYPE_UINT8, {num_blocks, block_size, kRowBytes}, {page, kRowBytes, 1});
+}
+
+// The tail ring [num_blocks, 2, ring, 128] bf16; with `padded` both the half
+// and the block stride carry padding (the ring aliases a larger allocation).
+inline HostTensor make_tail_cache(int64_t num_blocks, int64_t ring, bool padded) {
+    const int64_t half = ring * kD + (padded ? 64 : 0);
+    const int64_t block = 2 * half + (padded ? 320 : 0);
+    return HostTensor(KPOOL_DTYPE_BFLOAT16, {num_blocks, 2, ring, kD}, {block, half, kD, 1});
+}
+
+inline std::string dtype_tag(kpool_dtype t) {
+    switch (t) {
+        case KPOOL_DTYPE_INT32: return "i32";
+        case KPOOL_DTYPE_INT64: return "i64";
+        case KPOOL_DTYPE_BFLOAT16: return "bf16";
+        case KPOOL_DTYPE_FLOAT32: return "f32";
+        case KPOOL_DTYPE_UINT8: return "u8";
+        case KPOOL_DTYPE_FLOAT8_E4M3FN: return "e4m3";
+        default: return "other";
+    }
+}
+
+enum class CompressMode {
+    kWrite,            // write_cache only
+    kWriteMasked,      // write_cache with a write_mask
+    kWriteAndReturn,   // write_cache + return_compressed
+    kReturnOnly,       // return_compressed, write_cache = 0, kv_cache given (untouched)
+    kReturnOnlyNoCache // return_compressed, write_cache = 0, kv_cache NULL
+};
+
+inline std::string mode_tag(CompressMode m) {
+    switch (m) {
+        case CompressMode::kWrite: return "write";
+        case CompressMode::kWriteMasked: return "masked";
+        case CompressMode::kWriteAndReturn: return "writeReturn";
+        case CompressMode::kReturnOnly: return "returnOnly";
+        case CompressMode::kReturnOnlyNoCache: return "returnNoCache";
+    }
+    return "";
+}
+
+// Engine-shaped compress inputs for n pools of P tokens.
+struct CompressInputs {
+    HostTensor slot_k, slot_score, ape, loc, write_mask;
+};
+
+inline CompressInputs make_compress_inputs(std::mt19937 &rng, int64_t n, int P, kpool_dtype score_dtype,
+                                    int64_t cache_slots) {
+    CompressInputs in;
+    in.slot_k = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, P, kD});
+    in.slot_score = HostTensor(score_dtype, {n, P, kD});
+    in.ape = HostTensor(KPOOL_DTYPE_FLOAT32, {P, kD});
+    fill_normal(in.slot_k, rng, 1.0f);
+    fill_normal(in.slot_score, rng, 2.0f);
+    fill_normal(in.ape, rng, 0.5f);
+    // Edge pools: zero K (absmax floor), tiny K, huge K, scores so spread
+    // that most weights underflow to subnormals or zero, and equal scores.
+    for (int64_t i = 0; i < n && i < 5; ++i) {
+        for (int j = 0; j < P; ++j) {
+            for (int d = 0; d < kD; ++d) {
+                const float k_sigma[] = {0.0f, 1e-7f, 1e25f, 1.0f, 3.0f};
+                in.slot_k.set<uint16_t>({i, j, d}, random_bf16(rng, k_sigma[i]));
+                if (i == 3) {
+                    std::normal_distribution<float> wide(0.0f, 60.0f);
+                    const float s = wide(rng);
+                    if (score_dtype == KPOOL_DTYPE_BFLOAT16) {
+                        in.slot_score.set<uint16_t>({i, j, d}, bf16_of(s));
+                    } else {
+                        in.slot_score.set<float>({i, j, d}, s);
+                    }
+                }
+                if (i == 4) {
+                    if (score_dtype == KPOOL_DTYPE_BFLOAT16) {
+                        in.slot_score.set<uint16_t>({i, j, d}, bf16_of(0.25f));
+                    } else {
+                        in.slot_score.set<float>({i, j, d}, 0.25f);
+                    }
+                }
+            }
+        }
+    }
+    in.loc = HostTensor(KPOOL_DTYPE_INT64, {n});
+    // Distinct slots; pool 12 gets slot 0 and the last pool the very last slot.
+    std::vector<int64_t> slots = distinct_slots(rng, std::max<int64_t>(cache_slots - 2, 0), n);
+    for (int64_t &slot : slots) slot += 1;
+    if (n > 12) {
+        slots[12] = 0;
+        slots[n - 1] = cache_slots - 1;
+    }
+    for (int64_t i = 0; i < n; ++i) in.loc.set<int64_t>({i}, slots[i]);
+    // Negative sentinels of several kinds: "no write" (pools 6, 13, 20, 27).
+    const int64_t sentinels[] = {-1, std::numeric_limits<int64_t>::min(), -1234567, -2};
+    for (int k = 0; k < 4; ++k) {
+        const int64_t i = 6 + 7 * k;
+        if (i < n) in.loc.set<int64_t>({i}, sentinels[k]);
+    }
+    in.write_mask = HostTensor(KPOOL_DTYPE_BOOL, {n});
+    std::bernoulli_distribution keep(0.6);
+    for (int64_t i = 0; i < n; ++i) in.write_mask.set<uint8_t>({i}, keep(rng) ? 1 : 0);
+    return in;
+}
+
+// A prefill batch: requests of various lengths, contiguous, each with its own
+// tail block, starting at random prefix positions, with padding between and
+// after them.
+struct SeedInputs {
+    HostTensor key, gate_score, tslot;
+};
+
+inline SeedInputs make_seed_inputs(std::mt19937 &rng, int P, int64_t ring, kpool_dtype tslot_dtype,
+                            int64_t num_blocks) {
+    const int64_t lengths[] = {1, std::max(1, P - 1), P, P + 1, 2 * P + 3, 3 * P};
+    const int num_requests = 6;
+    const std::vector<int64_t> blocks = distinct_slots(rng, num_blocks, num_requests);
+    std::vector<int64_t> slots;
+    const int64_t min_sentinel = tslot_dtype == KPOOL_DTYPE_INT32
+                                     ? int64_t(std::numeric_limits<int32_t>::min())
+                                     : std::numeric_limits<int64_t>::min();
+    for (int r = 0; r < num_requests; ++r) {
+        const int64_t start = std::uniform_int_distribution<int64_t>(0, 4 * P)(rng);
+        for (int64_t t = 0; t < lengths[r]; ++t) {
+            slots.push_back(blocks[r] * ring + (start + t) % ring);
+        }
+        if (r == 2) {
+            slots.push_back(-1);
+            slots.push_back(-1);
+        }
+        if (r == 3) slots.push_back(-7);
+    }
+    slots.push_back(-1);
+    slots.push_back(min_sentinel);
+    slots.push_back(-1);
+    const int64_t n = static_cast<int64_t>(slots.size());
+    SeedInputs in;
+    in.key = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, kD});
+    in.gate_score = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, kD});
+    fill_normal(in.key, rng);
+    fill_normal(in.gate_score, rng, 2.0f);
+    in.tslot = HostTensor(tslot_dtype, {n});
+    for (int64_t i = 0; i < n; ++i) in.tslot.set_int({i}, slots[i]);
+    return in;
+}
+
+struct DecodeInputs {
+    HostTensor tail_slot_mapping, key, slot_score, ape, slot_mapping, positions;
+};
+
+// B requests x N tokens: each request has its own tail block and consecutive
+// positions; slot_mapping is set on the tokens that complete a pool. Request
+// 1 also carries slot_mapping on non-completing tokens (ignored) and -1 on a
+// completing one (no write); request 2 ends in padding; request 3 is all
+// padding (with stray non-negative slots that must be ignored); request 4
+// runs up to position INT32_MAX.
+inline DecodeInputs make_decode_inputs(std::mt19937 &rng, int64_t B, int64_t N, int P, int64_t ring,
+                                int64_t tail_blocks, int64_t cache_slots) {
+    DecodeInputs in;
+    in.tail_slot_mapping = HostTensor(KPOOL_DTYPE_INT32, {B, N});
+    in.slot_mapping = HostTensor(KPOOL_DTYPE_INT32, {B, N});
+    in.positions = HostTensor(KPOOL_DTYPE_INT32, {B, N});
+    in.key = HostTensor(KPOOL_DTYPE_BFLOAT16, {B, N, kD});
+    in.slot_score = HostTensor(KPOOL_DTYPE_BFLOAT16, {B, N, kD});
+    in.ape = HostTensor(KPOOL_DTYPE_FLOAT32, {P, kD});
+    fill_normal(in.key, rng);
+    fill_normal(in.slot_score, rng, 2.0f);
+    fill_normal(in.ape, rng, 0.5f);
+    const std::vector<int64_t> blocks = distinct_slots(rng, tail_blocks, B);
+    const std::vector<int64_t> locs = distinct_slots(rng, cache_slots, B * N);
+    for (int64_t b = 0; b < B; ++b) {
+        int64_t start = std::uniform_int_distribution<int64_t>(0, 3 * P)(rng);
+        if (b % 5 == 4) start = int64_t(std::numeric_limits<int32_t>::max()) - N + 1;
+        int completing_seen = 0;
+        for (int64_t t = 0; t < N; ++t) {
+            const int64_t pos = start + t;
+            const bool completes = pos % P == P - 1;
+            int64_t tail_slot = blocks[b] * ring + pos % ring;
+            int64_t slot = completes ? locs[b * N + t] : -1;
+            int64_t p = pos;
+            if (b % 5 == 1) {
+                if (!completes && t % 2 == 0) slot = locs[b * N + t];  // ignored: not a completion
+                if (completes && completing_seen++ == 1) slot = -1;    // a completion with no write
+            }
+            if (b % 5 == 2 && t >= (N + 1) / 2) {
+                p = -1;
+                tail_slot = -1;
+                slot = -1;
+            }
+            if (b % 5 == 3) {
+                p = t % 2 ? -1 : std::numeric_limits<int32_t>::min();
+                slot = t % 3 == 0 ? locs[b * N + t] : -1;  // pos < 0: never written
+                tail_slot = t % 3 == 1 ? blocks[b] * ring : -1;
+            }
+            in.positions.set<int32_t>({b, t}, static_cast<int32_t>(p));
+            in.tail_slot_mapping.set<int32_t>({b, t}, static_cast<int32_t>(tail_slot));
+            in.slot_mapping.set<int32_t>({b, t}, static_cast<int32_t>(slot));
+        }
+    }
+    return in;
+}
+
+enum class TokenMap { kNone, kPageTable, kOffsets1d, kOffsets2d };
+
+inline std::string map_tag(TokenMap m) {
+    switch (m) {
+        case TokenMap::kNone: return "identity";
+        case TokenMap::kPageTable: return "pageTable";
+        case TokenMap::kOffsets1d: return "offsets1d";
+        case TokenMap::kOffsets2d: return "offsets2d";
+    }
+    return "";
+}
+
+// The optional page table [rows, W] (narrower than the token range, so the
+// clamp matters) and per-row offsets [rows] or [rows, 1].
+struct TokenMapInputs {
+    HostTensor page_table, topk_offsets;
+    bool has_table = false, has_offsets = false;
+};
+
+inline TokenMapInputs make_token_map(std::mt19937 &rng, TokenMap map, int64_t rows, int64_t width) {
+    TokenMapInputs t;
+    t.page_table = HostTensor(KPOOL_DTYPE_INT32, {rows, width});
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < width; ++c) {
+            t.page_table.set<int32_t>({r, c}, std::uniform_int_distribution<int32_t>(-5, 1 << 30)(rng));
+        }
+    }
+    const std::vector<int64_t> shape =
+        map == TokenMap::kOffsets2d ? std::vector<int64_t>{rows, 1} : std::vector<int64_t>{rows};
+    t.topk_offsets = HostTensor(KPOOL_DTYPE_INT64, shape);
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t off = std::uniform_int_distribution<int64_t>(0, 1 << 24)(rng);
+        if (r == 1) off = (int64_t(1) << 32) + 3;  // wraps to int32 as the reference's .to(int32)
+        if (r == 2) off = -100;                    // may take a token id below 0
+        t.topk_offsets.set<int64_t>({r}, off);
+    }
+    t.has_table = map == TokenMap::kPageTable;
+    t.has_offsets = map == TokenMap::kOffsets1d || map == TokenMap::kOffsets2d;
+    return t;
+}
+
+}  // namespace kpool_test
