@@ -1,5 +1,7 @@
 #include "kpool_algorithms.h"
 
+#include <functional>
+
 using namespace Halide;
 
 namespace kpool {
@@ -41,14 +43,26 @@ std::vector<Var> with_d(const Var &d, const std::vector<Var> &rows) {
 
 namespace {
 
-// The other element of a butterfly pair, from a lane-local or a lane index
-// `i` whose bit `bit` says which side of the pair it is. The clamps only
-// keep bounds at [0, extent): the select never uses a clamped index.
+// The other element of a butterfly pair, f(i ^ bit), for a lane-local or a
+// lane index `i` whose bit `bit` says which side of the pair it is: read at
+// i +- bit, or both candidates i + bit and i - bit read and one selected (see
+// RowLayout::partner_by_index). The clamps only keep bounds at [0, extent)
+// (bounds inference cannot see through xor, and the simplifier drops a clamp
+// around one); no clamped index is used.
 struct Partner {
-    Expr low_side, upper, lower;
+    Expr i, low_side;
+    int bit, extent;
+    bool by_index;
+
+    Expr read(const std::function<Expr(Expr)> &f) const {
+        if (by_index) {
+            return f(clamp(i + select(low_side, bit, -bit), 0, extent - 1));
+        }
+        return select(low_side, f(min(i + bit, extent - 1)), f(max(i - bit, 0)));
+    }
 };
-Partner partner(Expr i, int bit, int extent) {
-    return {(i & bit) == 0, min(i + bit, extent - 1), max(i - bit, 0)};
+Partner partner(Expr i, int bit, int extent, bool by_index) {
+    return {i, (i & bit) == 0, bit, extent, by_index};
 }
 
 }  // namespace
@@ -63,22 +77,20 @@ Hadamard128 hadamard128(Func x, const Var &v, const Var &lane, const std::vector
     for (int stride = 1; stride < kHeadDim; stride *= 2) {
         Func prev = h.stages.back();
         Func stage{"hadamard_stride" + std::to_string(stride)};
-        // Element i with bit `stride` clear: x[i] + x[i+stride]; set: x[i-stride] - x[i].
+        // Element i with bit `stride` clear: x[i] + x[i+stride]; set:
+        // x[i-stride] - x[i]. Both are other + sign * self, the product exact
+        // (sign is +-1), so an fma gives the same bits as the two operations.
         Expr self = prev(with_two(v, lane, rows));
-        Expr sum, difference;
-        Expr low_side;
+        Expr other;
+        Partner p;
         if (stride < V) {
-            Partner p = partner(v, stride, V);
-            low_side = p.low_side;
-            sum = self + prev(with_two(p.upper, lane, rows));
-            difference = prev(with_two(p.lower, lane, rows)) - self;
+            p = partner(v, stride, V, layout.partner_by_index);
+            other = p.read([&](Expr i) { return prev(with_two(i, lane, rows)); });
         } else {
-            Partner p = partner(lane, stride / V, L);
-            low_side = p.low_side;
-            sum = self + prev(with_two(v, p.upper, rows));
-            difference = prev(with_two(v, p.lower, rows)) - self;
+            p = partner(lane, stride / V, L, layout.partner_by_index);
+            other = p.read([&](Expr i) { return prev(with_two(v, i, rows)); });
         }
-        stage(lane_args(v, lane, rows)) = select(low_side, sum, difference);
+        stage(lane_args(v, lane, rows)) = other + select(p.low_side, 1.0f, -1.0f) * self;
         h.stages.push_back(stage);
     }
     h.output = Func{"hadamard128"};
@@ -90,20 +102,19 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
                         const RowLayout &layout, Expr round_scale) {
     const int V = layout.values_per_lane, L = layout.lanes();
     Fp8Row q;
+    q.round_scale = round_scale;
     // max is exact, so its order is free: per lane first, then across lanes.
-    Expr lane_max = abs(x(with_two(0, lane, rows)));
+    Expr lane_max = abs_f32(x(with_two(0, lane, rows)));
     for (int i = 1; i < V; i++) {
-        lane_max = max(lane_max, abs(x(with_two(i, lane, rows))));
+        lane_max = max(lane_max, abs_f32(x(with_two(i, lane, rows))));
     }
     q.lane_absmax = Func{"lane_absmax"};
     q.lane_absmax(lane_args(lane, rows)) = lane_max;
     Func prev = q.lane_absmax;
     for (int bit = 1; bit < L; bit *= 2) {
-        Partner p = partner(lane, bit, L);
+        Partner p = partner(lane, bit, L, layout.partner_by_index);
         Func stage{"absmax_lanes" + std::to_string(bit)};
-        // Two affine reads, not one read at a selected index: on a GPU each
-        // lowers to a warp shuffle.
-        Expr other = select(p.low_side, prev(with_first(p.upper, rows)), prev(with_first(p.lower, rows)));
+        Expr other = p.read([&](Expr i) { return prev(with_first(i, rows)); });
         stage(lane_args(lane, rows)) = max(prev(with_first(lane, rows)), other);
         q.absmax_stages.push_back(stage);
         prev = stage;
@@ -114,9 +125,12 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
     q.scale(with_d(d, rows)) = q.lane_scale(with_first(d / V, rows));
     q.codes = Func{"e4m3_codes"};
     // x / scale is a true division: without round_scale the scale is no
-    // power of two and the reference divides, it does not multiply.
+    // power of two and the reference divides, it does not multiply. A
+    // ue8m0 scale's exact reciprocal gives the same quotient.
     Expr x_d = x(with_two(d % V, d / V, rows));
-    Expr y = clamp(x_d / q.lane_scale(with_first(d / V, rows)), -kFp8Max, kFp8Max);
+    Expr scale = q.lane_scale(with_first(d / V, rows));
+    Expr quotient = select(round_scale, x_d * ue8m0_reciprocal(scale), x_d / scale);
+    Expr y = clamp(quotient, -kFp8Max, kFp8Max);
     q.codes(with_d(d, rows)) = e4m3_encode(y);
     return q;
 }
@@ -133,33 +147,36 @@ RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &l
 }
 
 SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
-                         const Var &j, const std::vector<Var> &rows, const RoundingBarrier &round) {
+                         const Var &j, const std::vector<Var> &rows, const RoundingBarrier &round,
+                         bool exp_branches) {
     SoftmaxPool s;
     s.logit = Func{"logit"};
     s.logit(lane_args(d, j, rows)) = score(with_two(d, j, rows)) + ape(d, j);
 
-    // Unrolled folds in slot order: the order of the f32 operations is part
-    // of the contract. Both sums start from +0.0f as the reference's do, so
-    // the sign of an all-zero sum matches too (strict_float keeps 0 + x).
-    Expr m = s.logit(with_two(d, 0, rows));
-    for (int slot = 1; slot < pool_size; slot++) {
-        m = max(m, s.logit(with_two(d, slot, rows)));
-    }
+    // Folds in slot order (reductions over the slots, so a schedule may keep
+    // them loops): the order of the f32 operations is part of the contract.
+    // Both sums start from +0.0f as the reference's do, so the sign of an
+    // all-zero sum matches too (strict_float keeps 0 + x).
     s.max_logit = Func{"max_logit"};
-    s.max_logit(with_d(d, rows)) = m;
+    s.max_logit(with_d(d, rows)) = s.logit(with_two(d, 0, rows));
+    if (pool_size > 1) {
+        s.later_slot = RDom(1, pool_size - 1, "later_slot");
+        s.max_logit(with_d(d, rows)) =
+            max(s.max_logit(with_d(d, rows)), s.logit(with_two(d, s.later_slot, rows)));
+    }
 
     s.weight = Func{"softmax_weight"};
     s.weight(lane_args(d, j, rows)) =
-        exp_f32_correctly_rounded(s.logit(with_two(d, j, rows)) - s.max_logit(with_first(d, rows)), round);
+        exp_f32_correctly_rounded(s.logit(with_two(d, j, rows)) - s.max_logit(with_first(d, rows)), round,
+                                  exp_branches);
 
-    Expr numerator = 0.0f, denominator = 0.0f;
-    for (int slot = 0; slot < pool_size; slot++) {
-        Expr p = s.weight(with_two(d, slot, rows));
-        denominator = denominator + p;
-        numerator = numerator + round(key(with_two(d, slot, rows)) * p);
-    }
+    s.slot = RDom(0, pool_size, "slot");
     s.weighted_sum = Func{"weighted_sum"};
-    s.weighted_sum(with_d(d, rows)) = Tuple(numerator, denominator);
+    s.weighted_sum(with_d(d, rows)) = Tuple(0.0f, 0.0f);
+    Expr p = s.weight(with_two(d, s.slot, rows));
+    Expr numerator = s.weighted_sum(with_d(d, rows))[0], denominator = s.weighted_sum(with_d(d, rows))[1];
+    s.weighted_sum(with_d(d, rows)) =
+        Tuple(numerator + round(key(with_two(d, s.slot, rows)) * p), denominator + p);
     s.pooled = Func{"pooled"};
     s.pooled(with_d(d, rows)) =
         s.weighted_sum(with_first(d, rows))[0] / s.weighted_sum(with_first(d, rows))[1];
@@ -168,9 +185,10 @@ SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Va
 
 CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d, const Var &j,
                            const Var &v, const Var &lane, const std::vector<Var> &rows,
-                           const RowLayout &layout, Expr round_scale, const RoundingBarrier &round) {
+                           const RowLayout &layout, Expr round_scale, const RoundingBarrier &round,
+                           bool exp_branches) {
     CompressPool c;
-    c.pool = softmax_pool(key, score, ape, pool_size, d, j, rows, round);
+    c.pool = softmax_pool(key, score, ape, pool_size, d, j, rows, round, exp_branches);
     c.pooled_bf16 = Func{"pooled_bf16"};
     c.pooled_bf16(with_d(d, rows)) = round_to_bf16(c.pool.pooled(with_d(d, rows)));
     c.rotate = rotate_quantize(c.pooled_bf16, d, v, lane, rows, layout, round_scale);

@@ -30,6 +30,10 @@ std::vector<Var> with_d(const Var &d, const std::vector<Var> &rows);
 // order. schedules/ chooses it per target.
 struct RowLayout {
     int values_per_lane = 1;
+    // How a lane reads its butterfly partner i ^ bit: at one computed index
+    // (one warp shuffle on a GPU), or as two affine reads i + bit and i - bit
+    // of which a select keeps one (contiguous vector loads on a CPU).
+    bool partner_by_index = false;
     int lanes() const { return kHeadDim / values_per_lane; }
 };
 
@@ -52,6 +56,7 @@ struct Fp8Row {
     Func lane_scale;                 // (lane, rows...) f32, equal on every lane
     Func scale;                      // (d, rows...) f32: the row's scale, seen from element d
     Func codes;                      // (d, rows...) e4m3 bits
+    Expr round_scale;                // a schedule specializes on it (two kernels, no select)
 };
 Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, const std::vector<Var> &rows,
                         const RowLayout &layout, Expr round_scale);
@@ -72,13 +77,16 @@ RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &l
 // key(d, j, rows...) and score(d, j, rows...) are f32; ape(d, j) f32.
 struct SoftmaxPool {
     Func logit;         // s_j (d, j, rows...)
-    Func max_logit;     // m   (d, rows...)
+    Func max_logit;     // m   (d, rows...): s_0, then an update over later_slot
     Func weight;        // p_j (d, j, rows...)
-    Func weighted_sum;  // Tuple(sum k_j p_j, sum p_j) (d, rows...)
+    Func weighted_sum;  // Tuple(sum k_j p_j, sum p_j) (d, rows...): an update over slot
     Func pooled;        // (d, rows...)
+    Halide::RDom later_slot;  // 1..P-1 (undefined when P == 1: no update)
+    Halide::RDom slot;        // 0..P-1
 };
 SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
-                         const Var &j, const std::vector<Var> &rows, const RoundingBarrier &round);
+                         const Var &j, const std::vector<Var> &rows, const RoundingBarrier &round,
+                         bool exp_branches);
 
 // The compress path: softmax pool -> bf16 -> Hadamard-128 -> bf16 -> fp8.
 struct CompressPool {
@@ -88,7 +96,8 @@ struct CompressPool {
 };
 CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d, const Var &j,
                            const Var &v, const Var &lane, const std::vector<Var> &rows,
-                           const RowLayout &layout, Expr round_scale, const RoundingBarrier &round);
+                           const RowLayout &layout, Expr round_scale, const RoundingBarrier &round,
+                           bool exp_branches);
 
 // Cache addressing (SPEC "Memory layouts"). The kernels see the planar K
 // cache as two views of the same bytes, written together as one Tuple:

@@ -46,7 +46,7 @@ protected:
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool},
                              row_layout({this->get_target(), gpu}), round_scale,
-                             rounding_barrier(slot_k.dim(2).stride()));
+                             rounding_barrier(slot_k.dim(2).stride()), exp_branches({this->get_target(), gpu}));
     }
 };
 

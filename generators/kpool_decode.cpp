@@ -80,7 +80,7 @@ public:
         member_score(s.d, s.j, t, b) = member(slot_score, 1);
         s.compress = compress_pool(member_key, member_score, ape, P, s.d, s.j, s.v, s.lane, {t, b},
                                    row_layout({get_target(), gpu}), round_scale,
-                                   rounding_barrier(key.dim(2).stride()));
+                                   rounding_barrier(key.dim(2).stride()), exp_branches({get_target(), gpu}));
 
         // A completion needs a tail block: with tail_slot < 0 the reference
         // would read block 0 (another request's); we write nothing and the

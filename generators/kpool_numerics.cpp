@@ -21,32 +21,23 @@ Expr round_to_bf16(Expr x) {
     return bf16_to_f32(f32_to_bf16(x));
 }
 
-Expr shift_right_rne(Expr value, Expr shift) {
-    value = cast<uint32_t>(value);
-    shift = cast<uint32_t>(shift);
-    Expr kept = value >> shift;
-    Expr dropped = value & ((cast<uint32_t>(1) << shift) - 1);
-    Expr half = cast<uint32_t>(1) << (shift - 1);
-    Expr round_up = dropped > half || (dropped == half && (kept & 1) == 1);
-    return kept + select(round_up, cast<uint32_t>(1), cast<uint32_t>(0));
+Expr abs_f32(Expr x) {
+    return reinterpret<float>(reinterpret<uint32_t>(x) & 0x7fffffff);
 }
 
 Expr e4m3_encode(Expr x) {
     Expr u = reinterpret<uint32_t>(x);
     Expr sign = cast<uint8_t>((u >> 24) & 0x80);
     Expr mag = u & 0x7fffffff;
-    Expr biased_exp = mag >> 23;  // f32 exponent, bias 127
-    // e4m3 normals have exponent >= -6, i.e. f32 biased exponent >= 121.
-    // Rebiasing to 7 and dropping 20 mantissa bits gives the code directly;
-    // a rounding carry moves into the exponent field as it should.
-    Expr normal = shift_right_rne(mag - (cast<uint32_t>(120) << 23), 20);
-    // Subnormals count units of 2^-9: the 24-bit significand times
-    // 2^(E - 150) / 2^-9 = significand >> (141 - E). Below 2^-11 it is 0.
-    Expr significand = (mag & 0x7fffff) | 0x800000;
-    Expr shift = 141 - cast<int32_t>(biased_exp);
-    Expr subnormal = select(shift > 25, cast<uint32_t>(0),
-                            shift_right_rne(significand, clamp(shift, 21, 25)));
-    Expr code = select(biased_exp >= 121, normal, subnormal);
+    // Normals (|x| >= 2^-6, f32 biased exponent >= 121): rebias the exponent
+    // from 127 to 7 and drop 20 mantissa bits, rounding to nearest even; a
+    // rounding carry moves into the exponent field as it should.
+    Expr rebiased = mag - (cast<uint32_t>(120) << 23);
+    Expr normal = (rebiased + (0x7ffff + ((rebiased >> 20) & 1))) >> 20;
+    // Subnormals count units of 2^-9: |x| * 2^9 (exact) rounded to the
+    // nearest integer, ties to even; 8 units is the smallest normal, code 8.
+    Expr subnormal = cast<uint32_t>(round(abs_f32(x) * 512.0f));
+    Expr code = select(mag >= (cast<uint32_t>(121) << 23), normal, subnormal);
     Expr is_nan = mag > 0x7f800000;
     return select(is_nan, sign | cast<uint8_t>(0x7f), sign | cast<uint8_t>(code));
 }
@@ -57,6 +48,13 @@ Expr ue8m0_scale(Expr m) {
     Expr inexact = (u & 0x7fffff) != 0;
     return reinterpret<float>((exponent + select(inexact, cast<uint32_t>(1), cast<uint32_t>(0)))
                               << 23);
+}
+
+Expr ue8m0_reciprocal(Expr scale) {
+    Expr exponent = (reinterpret<uint32_t>(scale) >> 23) & 0xff;
+    // A finite ue8m0 scale is at most 2^120 (absmax <= FLT_MAX), so 2^-e is
+    // normal; an infinite or NaN scale takes the division's value (0 or NaN).
+    return select(exponent >= 254, 1.0f / scale, reinterpret<float>((254 - exponent) << 23));
 }
 
 Expr fp8_scale(Expr absmax, Expr round_scale) {
@@ -83,16 +81,27 @@ Expr RoundingBarrier::operator()(Expr product) const {
     return reinterpret<float>(reinterpret<uint32_t>(product) | opaque_zero);
 }
 
-Expr exp_f32_correctly_rounded(Expr x, const RoundingBarrier &round) {
-    const double ln2_hi = 6.93147180369123816490e-01;  // high 32 bits of ln 2
-    const double ln2_lo = 1.90821492927058770002e-10;
+namespace {
+
+constexpr double kLn2Hi = 6.93147180369123816490e-01;  // high 32 bits of ln 2: n * kLn2Hi is exact
+constexpr double kLn2Lo = 1.90821492927058770002e-10;
+constexpr double kLog2E = 1.4426950408889634;
+
+// 2^n for an integral f64 n inside the f64 exponent range.
+Expr pow2(Expr n) {
+    return reinterpret<double>(cast<uint64_t>(cast<int64_t>(n) + 1023) << 52);
+}
+
+// The exact path: every product rounded on its own, so every target computes
+// the same f64 bits.
+Expr exp_f32_exact(Expr x, const RoundingBarrier &round) {
     Expr xd = cast<double>(x);
     // Beyond these, exp is 0 or +inf in f32 (and the polynomial's 2^n would
     // leave the f64 exponent range).
     Expr in_range = xd > f64(-104.0) && xd < f64(89.0);
     Expr xc = clamp(xd, f64(-104.0), f64(89.0));
-    Expr n = floor(round(xc * f64(1.4426950408889634)) + f64(0.5));
-    Expr r = (xc - round(n * f64(ln2_hi))) - round(n * f64(ln2_lo));
+    Expr n = floor(round(xc * f64(kLog2E)) + f64(0.5));
+    Expr r = (xc - round(n * f64(kLn2Hi))) - round(n * f64(kLn2Lo));
     // Horner form of sum_{k=0}^{13} r^k / k!.
     Expr p = f64(1.0 / 6227020800.0);
     const double inv_fact[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
@@ -103,10 +112,50 @@ Expr exp_f32_correctly_rounded(Expr x, const RoundingBarrier &round) {
     for (double c : inv_fact) {
         p = round(p * r) + f64(c);
     }
-    Expr two_n = reinterpret<double>(cast<uint64_t>(cast<int64_t>(n) + 1023) << 52);
-    Expr y = cast<float>(p * two_n);
+    Expr y = cast<float>(p * pow2(n));
     Expr inf = reinterpret<float>(cast<uint32_t>(0x7f800000));
     return select(is_nan(x), x, select(in_range, y, select(xd > f64(0.0), inf, 0.0f)));
+}
+
+// The fast path's f64 value of exp(x), relative error < 2^-40 with or
+// without fma: |r| <= ln2/2 + tiny, so the degree-10 remainder is at most
+// 0.3466^11/11! * e^0.3466 / e^-0.3466 < 2^-41; the reduction (n * kLn2Hi
+// is exact, so is x - n * kLn2Hi) and eleven f64 roundings add < 2^-50.
+Expr exp_f64_fast(Expr x) {
+    Expr xd = clamp(cast<double>(x), f64(-104.0), f64(89.0));
+    Expr n = floor(xd * f64(kLog2E) + f64(0.5));
+    Expr r = (xd - n * f64(kLn2Hi)) - n * f64(kLn2Lo);
+    double fact = 3628800.0;  // 10!
+    Expr p = f64(1.0 / fact);
+    for (int k = 9; k >= 0; k--) {
+        fact /= (k + 1);
+        p = p * r + f64(1.0 / fact);
+    }
+    return p * pow2(n);
+}
+
+// Whether rounding y to f32 is certain to round exp(x) too: y is an f32
+// normal and at least 2^-40 * y (2^13 f64 ulps) away from the midpoint
+// between two f32s, where the 29 f64 mantissa bits below f32's read 2^28.
+Expr rounds_like_exact(Expr y) {
+    Expr bits = reinterpret<uint64_t>(y);
+    Expr exponent = cast<int32_t>(bits >> 52);  // y > 0: no sign bit
+    Expr below_f32 = cast<int32_t>(cast<uint32_t>(bits) & 0x1fffffff);
+    Expr normal = exponent >= 1023 - 126 && exponent < 1023 + 128;
+    return normal && abs(below_f32 - (1 << 28)) > (1 << 13);
+}
+
+}  // namespace
+
+Expr exp_f32_correctly_rounded(Expr x, const RoundingBarrier &round, bool branch) {
+    Expr y = exp_f64_fast(x);
+    Expr certain = rounds_like_exact(y) && !is_nan(x);
+    Expr fast = cast<float>(y), exact = exp_f32_exact(x, round);
+    if (branch) {
+        return Internal::Call::make(Float(32), Internal::Call::if_then_else, {certain, fast, exact},
+                                    Internal::Call::PureIntrinsic);
+    }
+    return select(certain, fast, exact);
 }
 
 }  // namespace kpool

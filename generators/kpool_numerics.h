@@ -23,9 +23,8 @@ Halide::Expr f32_to_bf16(Halide::Expr x);
 // f32 -> nearest bf16, as f32 (the reference's `.to(bf16).to(f32)`).
 Halide::Expr round_to_bf16(Halide::Expr x);
 
-// Shift an unsigned value right by `shift` bits (1..31), rounding to nearest
-// even: the one rounding primitive behind the e4m3 encoder.
-Halide::Expr shift_right_rne(Halide::Expr value, Halide::Expr shift);
+// |x| by clearing the sign bit: one instruction on every target.
+Halide::Expr abs_f32(Halide::Expr x);
 
 // f32 -> float8_e4m3fn bits, round to nearest even, subnormals included.
 // Expects |x| <= 448 or NaN (callers clamp first, as the reference does).
@@ -35,6 +34,9 @@ Halide::Expr e4m3_encode(Halide::Expr x);
 // exact from the bits of m; without round_scale, m itself.
 Halide::Expr fp8_scale(Halide::Expr absmax, Halide::Expr round_scale);
 Halide::Expr ue8m0_scale(Halide::Expr m);
+// 1 / scale for a ue8m0 scale (a power of two), exact from its bits: x times
+// it rounds exactly as x / scale does, at the cost of one multiply.
+Halide::Expr ue8m0_reciprocal(Halide::Expr scale);
 
 // GPU code is compiled with floating-point contraction on, so a*b + c may
 // become one fma, whatever strict_float says. The contract rounds every
@@ -48,9 +50,18 @@ struct RoundingBarrier {
 };
 RoundingBarrier rounding_barrier(Halide::Expr buffer_stride);
 
-// exp(x) for f32 x, correctly rounded: evaluated in f64 with a degree-13
-// Taylor polynomial on |r| <= ln2/2 (relative error < 1e-17) and rounded once
-// to f32. Platform expf and Halide's own exp are not correctly rounded.
-Halide::Expr exp_f32_correctly_rounded(Halide::Expr x, const RoundingBarrier &round);
+// exp(x) for f32 x, correctly rounded, in two paths that agree bit for bit:
+//  - fast: f64 with a degree-10 Taylor polynomial on |r| <= ln2/2, free for
+//    the compiler to contract into fmas; relative error < 2^-40, so whenever
+//    the f64 result is further than that from an f32 rounding midpoint (all
+//    but ~2^-15 of inputs) its rounding to f32 is the correctly rounded one,
+//    whatever fmas a target used;
+//  - exact: the degree-13 polynomial with every product rounded on its own
+//    (rounding barriers), identical on every target, for the rest (and for
+//    results outside the f32 normal range).
+// `branch` evaluates the exact path only where needed (a GPU thread
+// branches); otherwise both are computed and selected (vector CPU code).
+// Platform expf and Halide's own exp are not correctly rounded.
+Halide::Expr exp_f32_correctly_rounded(Halide::Expr x, const RoundingBarrier &round, bool branch);
 
 }  // namespace kpool

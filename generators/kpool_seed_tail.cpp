@@ -25,18 +25,26 @@ public:
         // A token is in its request's tail iff the token P ahead is past the
         // batch, padding (< 0), or in another tail block. Only non-negative
         // slots are divided.
-        RDom &r = stages.copy;
-        r = RDom(0, kHeadDim, 0, 2, 0, n, "copy");
-        Expr i = r.z;
         // Past the batch reads as padding (-1): the rule needs no special case
         // at the end, and schedules may split the token loop freely.
         Func slots = BoundaryConditions::constant_exterior(tslot, cast(tslot.type(), -1));
-        Expr slot = cast<int64_t>(slots(i));
-        Expr ahead = cast<int64_t>(slots(i + pool_size));
-        Expr same_block = ahead >= 0 && ahead / cast<int64_t>(ring) == slot / cast<int64_t>(ring);
-        Expr in_tail = slot / cast<int64_t>(ring) < cast<int64_t>(tail.dim(3).extent());
-        r.where(slot >= 0 && in_tail && !same_block);
-        TailSlot at = tail_slot(slot, ring, tail.dim(3).extent());
+        Var token = stages.token;
+        Expr own = cast<int64_t>(slots(token));
+        Expr ahead = cast<int64_t>(slots(token + pool_size));
+        Expr same_block = ahead >= 0 && ahead / cast<int64_t>(ring) == own / cast<int64_t>(ring);
+        Expr in_tail = own / cast<int64_t>(ring) < cast<int64_t>(tail.dim(3).extent());
+        stages.seeded = Func{"seeded"};
+        stages.seeded(token) = own >= 0 && in_tail && !same_block;
+
+        // Token i = group * G + member: consecutive tokens in different
+        // members, which a schedule may run side by side (a request's last P
+        // tokens are consecutive). Tokens past n are not seeded.
+        const int G = seed_group_size({get_target(), gpu});
+        RDom &r = stages.copy;
+        r = RDom(0, kHeadDim, 0, 2, 0, G, 0, (n + G - 1) / G, "copy");
+        Expr i = r[3] * G + r.z;
+        r.where(stages.seeded(i));
+        TailSlot at = tail_slot(cast<int64_t>(slots(i)), ring, tail.dim(3).extent());
         tail(r.x, at.ring_pos, r.y, at.block) = select(r.y == 0, key(r.x, i), gate_score(r.x, i));
 
         tslot.dim(0).set_stride(Expr());

@@ -34,8 +34,12 @@ void compute_pool_at(CompressPool &c, const Var &d, const Var &j, const Var &lan
     SoftmaxPool &p = c.pool;
     p.logit.compute_at(at).vectorize(d, lanes).unroll(j);
     p.max_logit.compute_at(at).vectorize(d, lanes);
+    if (p.max_logit.has_update_definition()) {
+        p.max_logit.update(0).reorder(d, p.later_slot).vectorize(d, lanes);
+    }
     p.weight.compute_at(at).vectorize(d, lanes).unroll(j);
     p.weighted_sum.compute_at(at).vectorize(d, lanes);
+    p.weighted_sum.update(0).reorder(d, p.slot).vectorize(d, lanes);
     c.pooled_bf16.compute_at(at).vectorize(d, lanes);
     compute_row_at(c.rotate, lane, at, lanes);
 }
@@ -58,7 +62,8 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan)
         .allow_race_conditions()
         .split(s.write.y, po, pi, kRowsPerTask, TailStrategy::GuardWithIf)
         .parallel(po)
-        .vectorize(s.write.x, lanes);
+        .vectorize(s.write.x, lanes)
+        .specialize(s.compress.rotate.quant.round_scale);
     compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.cache, pi), lanes);
 }
 
@@ -66,14 +71,16 @@ void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan) {
     const int lanes = plan.target.natural_vector_size<float>();
     Var po{"pool_chunk"}, pi{"pool_in_chunk"};
     s.out.split(s.pool, po, pi, kRowsPerTask, TailStrategy::GuardWithIf).parallel(po).vectorize(s.d, lanes);
+    s.out.specialize(s.compress.rotate.quant.round_scale);
     compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.out, pi), lanes);
 }
 
 void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan) {
     RVar to{"token_chunk"}, ti{"token_in_chunk"};
+    // Token groups are single tokens here (seed_group_size: 1).
     s.tail.update(0)
         .allow_race_conditions()
-        .split(s.copy.z, to, ti, 64, TailStrategy::GuardWithIf)
+        .split(s.copy[3], to, ti, 64, TailStrategy::GuardWithIf)
         .parallel(to)
         .vectorize(s.copy.x, plan.target.natural_vector_size<uint16_t>());
 }
@@ -81,7 +88,11 @@ void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan) {
 void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan) {
     const int lanes = plan.target.natural_vector_size<float>();
     RVar token = s.write.y, request = s.write.z;
-    s.cache.update(0).allow_race_conditions().parallel(request).vectorize(s.write.x, lanes);
+    s.cache.update(0)
+        .allow_race_conditions()
+        .parallel(request)
+        .vectorize(s.write.x, lanes)
+        .specialize(s.compress.rotate.quant.round_scale);
     s.ring_writer.compute_at(s.cache, token);
     compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.cache, token), lanes);
 }

@@ -23,7 +23,8 @@ void pure_stage_on_gpu(Func out) {
 struct CudaPlan {
     const char *gpu;
     int rows_per_block;     // warps per block in the row kernels
-    int tokens_per_block;   // seed/stash: tokens per block (one warp each)
+    int seed_warps_per_block;  // seed: warps per block (32 tokens each)
+    int decode_tokens_per_block;  // decode: tokens of a request per block (one warp each)
     int expand_cols;        // expand: output columns per thread block
 };
 
@@ -32,8 +33,8 @@ struct CudaPlan {
 // (reference 25.6), compress 16384 pools P=4 50.9 us (27.5), seed 65536
 // tokens 14.2 us (44.1), expand+tail 4096 rows 32.0 us (46.1).
 constexpr CudaPlan kPlans[] = {
-    {"sm80", 4, 8, 256},
-    {"sm90", 4, 8, 256},
+    {"sm80", 4, 8, 4, 256},
+    {"sm90", 4, 8, 4, 256},
 };
 
 const CudaPlan &plan_for(const BuildPlan &build) {
@@ -46,6 +47,7 @@ const CudaPlan &plan_for(const BuildPlan &build) {
 }
 
 constexpr int kValuesPerLane = 4;
+constexpr int kWarpSize = 32;
 
 // A per-row Func over (v, lane, rows...): one warp's registers.
 void in_warp_registers(Func f, const Var &v, const Var &lane, LoopLevel at) {
@@ -85,7 +87,7 @@ void rows_as_warps(Func out, const Var &d, const Var &row, const Var &v, const V
 
 }  // namespace
 
-RowLayout row_layout() { return RowLayout{kValuesPerLane}; }
+RowLayout row_layout() { return RowLayout{kValuesPerLane, /*partner_by_index=*/true}; }
 
 void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
     Var ri{"row_in_block"};
@@ -93,14 +95,28 @@ void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
     compute_row_in_warp(s.rotate, s.v, s.lane, LoopLevel(s.out, ri));
 }
 
-// The softmax pool is elementwise in d: each lane pools its own 4 elements,
-// inlined into the pooled row that feeds the Hadamard input in registers.
+// The softmax pool is elementwise in d: each lane pools its own 4 elements
+// into the pooled row that feeds the Hadamard input in registers. The two
+// folds over the slots stay loops (the 4 elements unrolled inside): fully
+// unrolled, P x 4 exps, each with its branch to the exact path, overflow the
+// instruction cache at P = 16 (H200, ncu: most stalls were instruction fetch,
+// compress of 262144 pools of 16 took 5.2 ms; 2.1 ms as loops).
 void compute_pool_in_warp(CompressPool &c, const Var &d, const Var &v, const Var &lane, LoopLevel at) {
     c.pooled_bf16.compute_at(at)
         .split(d, lane, v, kValuesPerLane)
         .gpu_lanes(lane)
         .unroll(v)
         .store_in(MemoryType::Register);
+    SoftmaxPool &p = c.pool;
+    p.max_logit.compute_at(c.pooled_bf16, lane).unroll(d).store_in(MemoryType::Register);
+    if (p.max_logit.has_update_definition()) {
+        p.max_logit.update(0).reorder(d, p.later_slot).unroll(d);
+    }
+    p.weighted_sum.compute_at(c.pooled_bf16, lane).unroll(d).store_in(MemoryType::Register);
+    p.weighted_sum.update(0).reorder(d, p.slot).unroll(d);
+    // Both sums use the slot's weight: computed once per slot, not inlined
+    // into each (an exp's branch is not merged by common-subexpression passes).
+    p.weight.compute_at(p.weighted_sum, p.slot).unroll(d).store_in(MemoryType::Register);
     compute_row_in_warp(c.rotate, v, lane, at);
 }
 
@@ -127,37 +143,51 @@ void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) 
     compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.out, pi));
 }
 
-// A token copy: each lane moves 4 consecutive bf16 (8 bytes) of each half.
+int seed_group_size(const BuildPlan &build) { return plan_for(build).seed_warps_per_block; }
+
+// Most prefill tokens are not seeded: one thread per token of a block of
+// 32 token groups decides whether it is (64-bit divisions by the ring), into
+// shared memory; then warp w copies member w of each group that is seeded,
+// so a request's last P tokens (consecutive) spread over the warps; each lane
+// moves 4 consecutive bf16 (8 bytes) of each half. H200, 262144 tokens:
+// 9.6 us graph replay (one warp per token, every lane deciding: 36 us).
 void schedule_seed_tail(SeedTailStages &s, const BuildPlan &build) {
-    const CudaPlan &plan = plan_for(build);
-    RVar lane{"copy_lane"}, v{"copy_v"}, tb{"token_block"}, ti{"token_in_block"};
+    RVar lane{"copy_lane"}, v{"copy_v"}, gb{"group_block"}, gi{"group_in_block"};
+    RVar member = s.copy.z, group = s.copy[3];
     pure_stage_on_gpu(s.tail);
     s.tail.update(0)
         .allow_race_conditions()
         .split(s.copy.x, lane, v, kValuesPerLane)
-        .split(s.copy.z, tb, ti, plan.tokens_per_block, TailStrategy::GuardWithIf)
-        .reorder(v, lane, s.copy.y, ti, tb)
-        .gpu_blocks(tb)
-        .gpu_threads(lane, ti)
+        .split(group, gb, gi, kWarpSize, TailStrategy::GuardWithIf)
+        .reorder(v, lane, s.copy.y, member, gi, gb)
+        .gpu_blocks(gb)
+        .gpu_threads(lane, member)
+        .unroll(s.copy.y)
         .vectorize(v);
+    Var ta{"seeded_warp"}, tl{"seeded_lane"};
+    s.seeded.compute_at(s.tail, gb).split(s.token, ta, tl, kWarpSize).gpu_threads(tl, ta);
 }
 
-// One block per request, one warp per token; completions read the ring as it
-// was before the call (ring_writer), so tokens need no ordering here.
-void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &) {
-    RVar lane{"write_lane"}, v{"write_v"};
+// One warp per token, a few tokens of one request per block (all next_n of
+// them would not launch past ~16 tokens at this kernel's register count);
+// completions read the ring as it was before the call (ring_writer), so
+// tokens need no ordering here.
+void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
+    const CudaPlan &plan = plan_for(build);
+    RVar lane{"write_lane"}, v{"write_v"}, tb{"token_block"}, ti{"token_in_block"};
     RVar token = s.write.y, request = s.write.z;
     pure_stage_on_gpu(s.cache);
     s.cache.update(0)
         .allow_race_conditions()
         .split(s.write.x, lane, v, kValuesPerLane)
-        .reorder(v, lane, token, request)
-        .gpu_blocks(request)
-        .gpu_threads(token)
+        .split(token, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
+        .reorder(v, lane, ti, tb, request)
+        .gpu_blocks(request, tb)
+        .gpu_threads(ti)
         .gpu_lanes(lane)
         .unroll(v);
     s.ring_writer.compute_at(s.compress.pooled_bf16, s.lane).unroll(s.j);
-    compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.cache, token));
+    compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.cache, ti));
 }
 
 // One warp per request walks its tokens in order: the last stash of a ring

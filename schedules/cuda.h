@@ -6,5 +6,6 @@
 namespace kpool::cuda {
 
 #include "family.inc"
+int seed_group_size(const BuildPlan &plan);  // warps per block of the seed copy
 
 }  // namespace kpool::cuda

@@ -10,6 +10,14 @@ RowLayout row_layout(const BuildPlan &plan) {
     return plan.target.has_feature(Target::CUDA) ? cuda::row_layout() : cpu::row_layout();
 }
 
+int seed_group_size(const BuildPlan &plan) {
+    return plan.target.has_feature(Target::CUDA) ? cuda::seed_group_size(plan) : 1;
+}
+
+bool exp_branches(const BuildPlan &plan) {
+    return plan.target.has_feature(Target::CUDA);
+}
+
 #define KPOOL_DISPATCH(name, Stages)                                    \
     void name(Stages &s, const BuildPlan &plan) {                       \
         if (plan.target.has_feature(Target::CUDA)) {                    \

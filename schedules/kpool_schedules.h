@@ -24,6 +24,9 @@ struct BuildPlan {
 
 // The row layout (lanes x values) each family's schedules are written for.
 RowLayout row_layout(const BuildPlan &plan);
+// Whether exp's exact path is a branch taken only where needed (GPU threads)
+// rather than computed for every element and selected (vector CPU code).
+bool exp_branches(const BuildPlan &plan);
 
 struct FwhtStages {
     Var d{"d"}, row{"row"}, v{"v"}, lane{"lane"};
@@ -46,9 +49,13 @@ struct CompressToRowsStages {
 };
 
 struct SeedTailStages {
+    Var token{"token"};
+    Func seeded;  // (token): whether the token is among its request's last P
     Func tail;
-    RDom copy;  // (d, half, token)
+    RDom copy;  // (d, half, member, group): token group * G + member
 };
+// G of the seed copy's token groups (seed_tail's RDom).
+int seed_group_size(const BuildPlan &plan);
 
 // Decode: completions written to the cache over `write`
 // (d, token, request), then stashes into the ring.
