@@ -37,6 +37,9 @@ kpool_status_code run(kpool_status *status, Body &&body) {
 TensorArg require_kv_cache(const kpool_tensor *t) {
     TensorArg c = require_tensor("kv_cache", t, {KPOOL_DTYPE_UINT8}, 3);
     require_dim(c, 2, kCacheRowBytes, "head_dim + 4 bytes per slot");
+    if (reinterpret_cast<uintptr_t>(c.t->data) % 4 != 0) {
+        invalid() << "kv_cache has data at " << c.t->data << ": it must be 4-byte aligned (its f32 scales)";
+    }
     if (c.dim(1) < 1) {
         invalid() << "kv_cache has block_size " << c.dim(1) << " (must be >= 1)";
     }
@@ -74,6 +77,15 @@ TensorArg require_tail(const kpool_tensor *t, int32_t pool_size) {
 void require_inner_contiguous(const TensorArg &a) {
     require_stride(a, a.t->ndim - 1, 1);
     require_int32_strides(a);
+}
+
+// A 2-D output [rows, cols] with dense rows: the rows must not overlap, or
+// two elements would share memory (and the result depend on write order).
+void require_disjoint_rows(const TensorArg &a) {
+    if (a.numel() > 0 && a.dim(0) > 1 && a.stride(0) < a.dim(1)) {
+        invalid() << a.name << " has stride " << a.stride(0) << " in dim 0 for rows of " << a.dim(1)
+                  << " elements: its rows overlap";
+    }
 }
 
 // bf16 keys [..., 128] and their scores of the same shape (bf16, or f32
@@ -211,6 +223,7 @@ TensorArg require_out(const kpool_tensor *t, int64_t rows, int64_t cols) {
     require_dim(out, 0, rows, "rows");
     require_dim(out, 1, cols, "output columns");
     require_inner_contiguous(out);
+    require_disjoint_rows(out);
     return out;
 }
 
@@ -281,6 +294,7 @@ kpool_status_code kpool_fwht128_quant_fp8(const kpool_tensor *q_, const kpool_te
         require_same_dim(q_fp8, 0, q, 0);
         require_dim(q_fp8, 1, KPOOL_HEAD_DIM, "head_dim");
         require_inner_contiguous(q_fp8);
+        require_disjoint_rows(q_fp8);
         TensorArg q_scale = require_tensor_ranks("q_scale", q_scale_, {KPOOL_DTYPE_FLOAT32}, {1, 2});
         require_same_dim(q_scale, 0, q, 0);
         if (q_scale.t->ndim == 2) {
@@ -341,6 +355,7 @@ kpool_status_code kpool_compress_and_write_cache(
             require_dim(compressed_k, 0, n, "pools");
             require_dim(compressed_k, 1, KPOOL_HEAD_DIM, "head_dim");
             require_inner_contiguous(compressed_k);
+            require_disjoint_rows(compressed_k);
             compressed_scale = require_tensor_ranks("compressed_scale", compressed_scale_, {KPOOL_DTYPE_FLOAT32}, {1, 2});
             require_dim(compressed_scale, 0, n, "pools");
             require_int32_strides(compressed_scale);
@@ -369,7 +384,9 @@ kpool_status_code kpool_compress_and_write_cache(
         const char *score_type = slot_score.t->dtype == KPOOL_DTYPE_FLOAT32 ? "f32" : "bf16";
         HalideBuffer key = wrap(slot_k), score = wrap(slot_score), ape_b = wrap(ape);
         where.attach(key), where.attach(score), where.attach(ape_b);
-        if (write_cache) {
+        // A cache without slots takes no write (every loc is a sentinel; on a
+        // device the kernel would skip them): no kernel on empty views.
+        if (write_cache && kv_cache.numel() > 0) {
             HalideBuffer locs = wrap(loc), flags = mask ? wrap(*mask) : where.all_true(n);
             if (mask) {
                 where.attach(flags);
@@ -411,8 +428,8 @@ kpool_status_code kpool_seed_tail_cache(const kpool_tensor *tail_kv_cache_, cons
         if (where.on_host()) {
             require_tslots_in_tail(tslot, tail);
         }
-        if (key.dim(0) == 0) {
-            return 0;
+        if (key.dim(0) == 0 || tail.numel() == 0) {
+            return 0;  // nothing to seed, or no block to seed into (every tslot is a sentinel)
         }
         HalideBuffer k = wrap(key), g = wrap(gate), ts = wrap(tslot), t = wrap_tail(tail);
         where.launch(Kernel::SEED_TAIL, "kpool_seed_tail_cache", 0, index_type(tslot), where.attach(k).raw_buffer(),
@@ -459,7 +476,9 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
             skipped += index_at(slots, i) >= 0 && pos >= 0 && pos % pool_size == pool_size - 1 &&
                        index_at(tail_slots, i) < 0;
         }
-        if (key.dim(0) == 0 || key.dim(1) == 0) {
+        // No tail block: nothing is stashed and no completion has a block to
+        // read (all are skipped). No cache slot: no completion is written.
+        if (key.dim(0) == 0 || key.dim(1) == 0 || tail.numel() == 0) {
             return skipped;
         }
         const char *op = "kpool_decode_update_and_maybe_write_cache_batched";
@@ -471,9 +490,11 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
         }
         // Completions read the ring as it was before this call's stashes:
         // the two kernels run in this order on the caller's stream.
-        where.launch(Kernel::DECODE_WRITE_CACHE, op, pool_size, "bf16", t.raw_buffer(), ts.raw_buffer(), k.raw_buffer(),
-                     s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(), pos.raw_buffer(), round_scale != 0,
-                     cache.codes.raw_buffer(), cache.scales.raw_buffer());
+        if (kv_cache.numel() > 0) {
+            where.launch(Kernel::DECODE_WRITE_CACHE, op, pool_size, "bf16", t.raw_buffer(), ts.raw_buffer(),
+                         k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(), pos.raw_buffer(),
+                         round_scale != 0, cache.codes.raw_buffer(), cache.scales.raw_buffer());
+        }
         where.launch(Kernel::DECODE_STASH_TAIL, op, 0, "none", ts.raw_buffer(), k.raw_buffer(), s.raw_buffer(),
                      pos.raw_buffer(), t.raw_buffer());
         return skipped;

@@ -6,9 +6,18 @@
 namespace kpool::rt {
 
 int64_t TensorArg::numel() const {
+    // Any dim may still be huge here (a broadcast dim of stride 0 is only
+    // rejected later): saturate instead of overflowing.
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) {
+            return 0;
+        }
+    }
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) {
-        n *= t->shape[i];
+        if (__builtin_mul_overflow(n, t->shape[i], &n)) {
+            return std::numeric_limits<int64_t>::max();
+        }
     }
     return n;
 }
@@ -86,12 +95,26 @@ void require_data(const char *name, const kpool_tensor *t) {
         if (t->shape[i] < 0) {
             invalid() << name << " has a negative size " << t->shape[i] << " in dim " << i;
         }
+    }
+    for (int i = 0; i < t->ndim; i++) {
         if (t->shape[i] == 0) {
             return;  // empty: no data needed
         }
     }
     if (t->data == nullptr) {
         invalid() << name << " has no data (NULL pointer) for shape " << shape_string(t);
+    }
+}
+
+// Elements are read and written whole (on a GPU a misaligned address faults):
+// the data pointer must be aligned to the element size.
+void require_aligned(const char *name, const kpool_tensor *t) {
+    const uintptr_t element = t->dtype == KPOOL_DTYPE_INT64 ? 8
+                              : (t->dtype == KPOOL_DTYPE_INT32 || t->dtype == KPOOL_DTYPE_FLOAT32) ? 4
+                              : t->dtype == KPOOL_DTYPE_BFLOAT16 ? 2 : 1;
+    if (reinterpret_cast<uintptr_t>(t->data) % element != 0) {
+        invalid() << name << " has data at " << t->data << ", which is not aligned to its " << element
+                  << "-byte elements";
     }
 }
 
@@ -120,6 +143,7 @@ TensorArg require_tensor_ranks(const char *name, const kpool_tensor *t,
         }
     }
     require_data(name, t);
+    require_aligned(name, t);
     return {name, t};
 }
 
@@ -145,6 +169,13 @@ void require_stride(const TensorArg &a, int i, int64_t expected) {
 }
 
 void require_int32_strides(const TensorArg &a) {
+    // Every dim, even of an empty tensor (sizes are computed with them).
+    for (int i = 0; i < a.t->ndim; i++) {
+        if (a.dim(i) > std::numeric_limits<int32_t>::max()) {
+            invalid() << a.name << " has " << a.dim(i) << " elements in dim " << i
+                      << " (at most 2^31 - 1 per dim)";
+        }
+    }
     if (a.numel() == 0) {
         return;  // no element is addressed: strides do not matter
     }
@@ -152,10 +183,6 @@ void require_int32_strides(const TensorArg &a) {
         if (a.dim(i) > 1 && (a.stride(i) <= 0 || a.stride(i) > std::numeric_limits<int32_t>::max())) {
             invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i
                       << " (strides must be positive and below 2^31 elements)";
-        }
-        if (a.dim(i) > std::numeric_limits<int32_t>::max()) {
-            invalid() << a.name << " has " << a.dim(i) << " elements in dim " << i
-                      << " (at most 2^31 - 1 per dim)";
         }
     }
 }

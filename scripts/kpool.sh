@@ -128,12 +128,45 @@ case "$command" in
         configure ON
         build
         "$venv/bin/ctest" --test-dir "$build_dir" --output-on-failure -j "$jobs" "$@"
-        # The same suite under AddressSanitizer and UndefinedBehaviorSanitizer
-        # (the "sanitize" preset's settings; CPU kernels only, the GPU tests
-        # skip there anyway).
-        log "the test suite again under ASan + UBSan (build-sanitize/)"
+        # The same suite under AddressSanitizer and UndefinedBehaviorSanitizer,
+        # plus a bounded run of every libFuzzer target (the "sanitize"
+        # preset's settings: clang, CPU kernels only, the GPU tests skip
+        # there anyway). clang and its runtimes (libFuzzer) come from the
+        # system (Debian's clang, libclang-rt-dev) when missing; without
+        # them the suite runs under gcc's sanitizers, without the fuzzers.
+        log "the test suite again under ASan + UBSan, and the fuzzers (build-sanitize/)"
         build_dir="$root/build-sanitize"
-        configure ON -DKPOOL_SANITIZE=ON -DKPOOL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+        have_libfuzzer() {
+            command -v clang++ >/dev/null 2>&1 || return 1
+            local probe
+            probe=$(mktemp -d)
+            printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char *, unsigned long) { return 0; }\n' \
+                >"$probe/probe.cpp"
+            clang++ -fsanitize=fuzzer,address,undefined "$probe/probe.cpp" -o "$probe/probe" >/dev/null 2>&1
+            local status=$?
+            rm -rf "$probe"
+            return "$status"
+        }
+        sanitize_flags=(-DKPOOL_SANITIZE=ON -DKPOOL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+        want_clang=no
+        if have_libfuzzer || { log "installing clang and libFuzzer (clang libclang-rt-dev)" &&
+            apt_install clang libclang-rt-dev && have_libfuzzer; }; then
+            sanitize_flags+=(-DCMAKE_C_COMPILER="$(command -v clang)" -DCMAKE_CXX_COMPILER="$(command -v clang++)" -DKPOOL_FUZZ=ON)
+            want_clang=yes
+        else
+            log "warning: no clang with libFuzzer: sanitizers under the default compiler, no fuzzers"
+            sanitize_flags+=(-DKPOOL_FUZZ=OFF)
+        fi
+        # A build-sanitize/ configured with the other compiler starts afresh.
+        if [ -f "$build_dir/CMakeCache.txt" ]; then
+            has_clang=no
+            grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++$' "$build_dir/CMakeCache.txt" && has_clang=yes
+            if [ "$has_clang" != "$want_clang" ]; then
+                log "$build_dir was configured with another compiler; starting it afresh"
+                rm -rf "$build_dir/CMakeCache.txt" "$build_dir/CMakeFiles"
+            fi
+        fi
+        configure ON "${sanitize_flags[@]}"
         build
         ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
             exec "$venv/bin/ctest" --test-dir "$build_dir" --output-on-failure -j "$jobs" "$@"

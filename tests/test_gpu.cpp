@@ -777,7 +777,7 @@ TEST_P(GpuCompress, MatchesCpu) {
         cs(gpu(), random_bytes_like(rng, HostTensor(KPOOL_DTYPE_FLOAT32, {n})));
     auto opt_on = [](Mirrored &t, bool present, Side s) { return present ? t.on(s) : nullptr; };
     run_both(
-        [&](Side s, const kpool_exec *ex, kpool_status *st) {
+        [&, P = P](Side s, const kpool_exec *ex, kpool_status *st) {
             return kpool_compress_and_write_cache(opt_on(cache, cache_given, s), k.on(s), score.on(s),
                                                   ape.on(s), loc.on(s), opt_on(mask, masked, s),
                                                   opt_on(ck, ret, s), opt_on(cs, ret, s), P, kD, round_scale,
@@ -812,7 +812,7 @@ TEST_P(GpuSeed, MatchesCpu) {
     SeedInputs in = make_seed_inputs(rng, P, ring, tslot_dtype, num_blocks);
     Mirrored tail(gpu(), tail0), key(gpu(), in.key), gate(gpu(), in.gate_score), tslot(gpu(), in.tslot);
     run_both(
-        [&](Side s, const kpool_exec *ex, kpool_status *st) {
+        [&, P = P](Side s, const kpool_exec *ex, kpool_status *st) {
             return kpool_seed_tail_cache(tail.on(s), key.on(s), gate.on(s), tslot.on(s), P, kD, ex, st);
         },
         {{"tail_kv_cache", &tail}});
@@ -850,7 +850,7 @@ TEST_P(GpuDecode, MatchesCpu) {
         score(gpu(), in.slot_score), ape(gpu(), in.ape), sm(gpu(), in.slot_mapping), pos(gpu(), in.positions);
     int64_t cpu_skipped = 0;
     const kpool_status gs = run_both(
-        [&](Side s, const kpool_exec *ex, kpool_status *st) {
+        [&, P = P](Side s, const kpool_exec *ex, kpool_status *st) {
             const kpool_status_code rc = kpool_decode_update_and_maybe_write_cache_batched(
                 cache.on(s), tail.on(s), tsm.on(s), key.on(s), score.on(s), ape.on(s), sm.on(s), pos.on(s), P,
                 kD, round_scale, ex, st);
@@ -885,7 +885,7 @@ TEST_P(GpuExpandAndAppend, MatchesCpu) {
     Mirrored ids(gpu(), in.pool_ids), seq(gpu(), in.seq_lens),
         out(gpu(), random_bytes_like(rng, HostTensor(KPOOL_DTYPE_INT32, {rows, G * P + P - 1})));
     run_both(
-        [&](Side s, const kpool_exec *ex, kpool_status *st) {
+        [&, P = P, bound = bound](Side s, const kpool_exec *ex, kpool_status *st) {
             return kpool_expand_pools_and_append_tail(ids.on(s), seq.on(s), out.on(s), P, bound, ex, st);
         },
         {{"out", &out}});
@@ -914,7 +914,7 @@ TEST_P(GpuExpandToTokens, MatchesCpu) {
         offsets(gpu(), tm.topk_offsets),
         out(gpu(), random_bytes_like(rng, HostTensor(KPOOL_DTYPE_INT32, {rows, topk})));
     run_both(
-        [&](Side s, const kpool_exec *ex, kpool_status *st) {
+        [&, P = P](Side s, const kpool_exec *ex, kpool_status *st) {
             return kpool_expand_pools_to_tokens(ids.on(s), valid.on(s), tm.has_table ? table.on(s) : nullptr,
                                                 tm.has_offsets ? offsets.on(s) : nullptr, out.on(s),
                                                 static_cast<int32_t>(topk), P, ex, st);
@@ -946,7 +946,7 @@ TEST_P(GpuAppendTail, MatchesCpu) {
         table(gpu(), tm.page_table), offsets(gpu(), tm.topk_offsets),
         out(gpu(), random_bytes_like(rng, HostTensor(KPOOL_DTYPE_INT32, {rows, C + P - 1})));
     run_both(
-        [&](Side s, const kpool_exec *ex, kpool_status *st) {
+        [&, P = P](Side s, const kpool_exec *ex, kpool_status *st) {
             return kpool_append_tail_to_topk(topk.on(s), seq.on(s), pools.on(s),
                                              tm.has_table ? table.on(s) : nullptr,
                                              tm.has_offsets ? offsets.on(s) : nullptr, out.on(s), P, ex, st);

@@ -76,6 +76,12 @@ int64_t load_int(const kpool_tensor *t, int64_t offset) {
 // torch's .to(int32): keep the low 32 bits (modular in GCC, and in C++20).
 int32_t wrap_to_int32(int64_t value) { return static_cast<int32_t>(value); }
 
+// a * b + c in int64 as torch and Triton compute it: modulo 2^64 (hostile
+// ids near INT64_MAX wrap instead of overflowing).
+int64_t wrapping_mul_add(int64_t a, int64_t b, int64_t c) {
+    return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b) + static_cast<uint64_t>(c));
+}
+
 // ---- The shared pipeline ----------------------------------------------------
 
 struct QuantizedRow {
@@ -177,7 +183,7 @@ int32_t map_token(int64_t token, int64_t r, const kpool_tensor *page_table,
     }
     if (topk_offsets) {
         // [rows] and [rows, 1] alike: only the outer stride matters.
-        return wrap_to_int32(token + load_int(topk_offsets, offset_of(topk_offsets, {r})));
+        return wrap_to_int32(wrapping_mul_add(token, 1, load_int(topk_offsets, offset_of(topk_offsets, {r}))));
     }
     return wrap_to_int32(token);
 }
@@ -416,7 +422,7 @@ void expand_pools_and_append_tail(const kpool_tensor *pool_ids, const kpool_tens
             const int64_t pool_id = load_int(pool_ids, offset_of(pool_ids, {r, c / pool_size}));
             const bool valid = pool_id >= 0 && !(bound_pool_ids && pool_id >= complete_pools);
             store(out, offset_of(out, {r, c}),
-                  valid ? wrap_to_int32(pool_id * pool_size + c % pool_size) : int32_t(-1));
+                  valid ? wrap_to_int32(wrapping_mul_add(pool_id, pool_size, c % pool_size)) : int32_t(-1));
         }
         for (int64_t tail_col = 0; tail_col < pool_size - 1; ++tail_col) {
             store(out, offset_of(out, {r, history_cols + tail_col}),
@@ -433,8 +439,8 @@ void expand_pools_to_tokens(const kpool_tensor *group_ids, const kpool_tensor *g
         for (int64_t c = 0; c < topk; ++c) {
             const int64_t group = c / pool_size;
             const bool valid = load_int(group_valid, offset_of(group_valid, {r, group})) != 0;
-            const int64_t token =
-                load_int(group_ids, offset_of(group_ids, {r, group})) * pool_size + c % pool_size;
+            const int64_t token = wrapping_mul_add(load_int(group_ids, offset_of(group_ids, {r, group})),
+                                                   pool_size, c % pool_size);
             store(out, offset_of(out, {r, c}),
                   valid ? map_token(token, r, page_table, topk_offsets) : int32_t(-1));
         }
