@@ -48,10 +48,17 @@ public:
         Expr ring = tail.dim(1).extent();
         Expr next_n = key.dim(1).extent();
         Var t = s.token, b = s.request;
+        // Tokens past next_n (a schedule may round the token loop up) read as
+        // padding: no position and no slots, so they write nothing; their
+        // keys are never used.
+        Func positions_in = BoundaryConditions::constant_exterior(positions, -1);
+        Func tail_slots_in = BoundaryConditions::constant_exterior(tail_slot_mapping, -1);
+        Func slots_in = BoundaryConditions::constant_exterior(slot_mapping, -1);
+        Func key_in = BoundaryConditions::repeat_edge(key), score_in = BoundaryConditions::repeat_edge(slot_score);
 
         // Member j of the pool that token t completes sits at position
         // pos - (P-1) + j, in ring slot position % RING of t's tail block.
-        DecodeToken tok = decode_token(positions, tail_slot_mapping, t, b);
+        DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b);
         // In int64: a position near INT32_MAX must not overflow on the way.
         Expr member_pos = cast<int64_t>(tok.position) - (P - 1) + s.j;
         Expr block = cast<int64_t>(max(tok.tail_slot, 0)) / cast<int64_t>(ring);
@@ -59,7 +66,7 @@ public:
         // The latest earlier token of this request that stashed into the
         // same ring slot of the same block, or -1: what the ring holds now.
         RDom earlier(0, next_n, "earlier");
-        DecodeToken e = decode_token(positions, tail_slot_mapping, earlier, b);
+        DecodeToken e = decode_token(positions_in, tail_slots_in, earlier, b);
         Expr ring64 = cast<int64_t>(ring);
         Expr same_slot = e.stashes && cast<int64_t>(e.tail_slot) / ring64 == block &&
                          cast<int64_t>(e.position) % ring64 == member_pos % ring64;
@@ -76,8 +83,8 @@ public:
             return bf16_to_f32(select(current || stashed, own, tail(s.d, at.ring_pos, half, at.block)));
         };
         Func member_key{"member_key"}, member_score{"member_score"};
-        member_key(s.d, s.j, t, b) = member(key, 0);
-        member_score(s.d, s.j, t, b) = member(slot_score, 1);
+        member_key(s.d, s.j, t, b) = member(key_in, 0);
+        member_score(s.d, s.j, t, b) = member(score_in, 1);
         s.compress = compress_pool(member_key, member_score, ape, P, s.d, s.j, s.v, s.lane, {t, b},
                                    row_layout({get_target(), gpu}), round_scale,
                                    rounding_barrier(key.dim(2).stride()), exp_branches({get_target(), gpu}));
@@ -90,8 +97,8 @@ public:
         cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
         s.write = RDom(0, kHeadDim, 0, next_n, 0, key.dim(2).extent(), "write");
         Expr dim = s.write.x, wt = s.write.y, wb = s.write.z;
-        DecodeToken w = decode_token(positions, tail_slot_mapping, wt, wb);
-        Expr loc = slot_mapping(wt, wb);
+        DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb);
+        Expr loc = slots_in(wt, wb);
         // Out-of-range slots and tail blocks write nothing (device-side
         // indices are not checked on the host).
         Expr slots = cast<int64_t>(views[0].dim(1).extent()) * cast<int64_t>(views[0].dim(2).extent());

@@ -45,7 +45,10 @@ public:
         Expr i = r[3] * G + r.z;
         r.where(stages.seeded(i));
         TailSlot at = tail_slot(cast<int64_t>(slots(i)), ring, tail.dim(3).extent());
-        tail(r.x, at.ring_pos, r.y, at.block) = select(r.y == 0, key(r.x, i), gate_score(r.x, i));
+        // The last group may run past n (never seeded there); the clamp
+        // keeps the reads' bounds inside the batch.
+        Expr row = min(i, n - 1);
+        tail(r.x, at.ring_pos, r.y, at.block) = select(r.y == 0, key(r.x, row), gate_score(r.x, row));
 
         tslot.dim(0).set_stride(Expr());
         key.dim(0).set_bounds(0, kHeadDim);
