@@ -48,13 +48,18 @@ public:
         Expr ring = tail.dim(1).extent();
         Expr next_n = key.dim(1).extent();
         Var t = s.token, b = s.request;
-        // Tokens past next_n (a schedule may round the token loop up) read as
-        // padding: no position and no slots, so they write nothing; their
-        // keys are never used.
-        Func positions_in = BoundaryConditions::constant_exterior(positions, -1);
-        Func tail_slots_in = BoundaryConditions::constant_exterior(tail_slot_mapping, -1);
-        Func slots_in = BoundaryConditions::constant_exterior(slot_mapping, -1);
-        Func key_in = BoundaryConditions::repeat_edge(key), score_in = BoundaryConditions::repeat_edge(slot_score);
+        // A schedule may round the token loop up past next_n (guarded: those
+        // tokens never write); reads clamp the token so bounds stay inside.
+        auto last_token = [&](Func f) {
+            Func g{f.name() + "_clamped"};
+            std::vector<Var> args = f.args();
+            std::vector<Expr> at(args.begin(), args.end());
+            at[at.size() - 2] = min(args[args.size() - 2], next_n - 1);
+            g(args) = f(at);
+            return g;
+        };
+        Func positions_in = last_token(positions), tail_slots_in = last_token(tail_slot_mapping),
+             slots_in = last_token(slot_mapping), key_in = last_token(key), score_in = last_token(slot_score);
 
         // Member j of the pool that token t completes sits at position
         // pos - (P-1) + j, in ring slot position % RING of t's tail block.

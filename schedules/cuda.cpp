@@ -29,9 +29,10 @@ struct CudaPlan {
 };
 
 // sm80: A100-class, not measured here. sm90: H100/H200; on an H200
-// (docs/benchmarks.md, bench/bench_gpu.py --quick): fwht 65536 rows 40.6 us
-// (reference 25.6), compress 16384 pools P=4 50.9 us (27.5), seed 65536
-// tokens 14.2 us (44.1), expand+tail 4096 rows 32.0 us (46.1).
+// (docs/benchmarks.md, bench/run_on_gpu.sh, graph replay): fwht 1M rows
+// 340 us (reference 285), compress 262144 pools P=4 644 us (357), P=16
+// 1.96 ms (910), seed 262144 tokens 7.8 us (159), decode 512 x 4 tokens P=4
+// 23 us (3.3), expand+tail 4096 rows 23.6 us (43).
 constexpr CudaPlan kPlans[] = {
     {"sm80", 4, 8, 4, 256},
     {"sm90", 4, 8, 4, 256},

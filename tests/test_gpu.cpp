@@ -12,7 +12,8 @@
 //                engine varies (pool sizes 4, 8, 16: the CUDA variants built).
 //   GpuGraph     a decode and a compress call captured on a non-default
 //                stream into a CUDA graph, replayed on fresh inputs.
-//   GpuThreads   two threads, one stream each, mixed ops on their own buffers.
+//   GpuThreads   two threads (and, as a stress, eight), one stream each, mixed
+//                ops on their own buffers.
 //   GpuBadIndex  out-of-range indices in device tensors: the call succeeds and
 //                the bad entries write nothing.
 //   GpuMixedDevices  a call with tensors on two devices is rejected, naming one.
@@ -1277,36 +1278,44 @@ private:
         q_fp8_, q_scale_;
 };
 
-class GpuThreads : public GpuTest {};
-
-TEST_F(GpuThreads, TwoStreamsMixedOpsMatchCpu) {
-    constexpr int kThreads = 2, kIterations = 50;
-    const int pool_sizes[kThreads] = {4, 16};
-    std::string failures[kThreads];
-    std::atomic<int> ready{0};
-    auto worker = [&](int id) {
-        try {
-            cu::make_current();
-            ThreadEngine engine(gpu(), pool_sizes[id], 500 + id);
-            cu::Stream stream;
-            // Settle the engine's synchronous initial uploads (legacy stream).
-            cu::check(cu::api().cuStreamSynchronize(nullptr), "cuStreamSynchronize(legacy)");
-            // Start together, so the two streams' work overlaps.
-            ready.fetch_add(1);
-            while (ready.load() < kThreads) std::this_thread::yield();
-            failures[id] = engine.run(stream, kIterations, id);  // different ops at a time
-        } catch (const std::exception &e) {
-            ready.fetch_add(kThreads);  // never leave the other thread waiting
-            failures[id] = std::string("exception: ") + e.what();
+class GpuThreads : public GpuTest {
+protected:
+    // `threads` threads, one stream each, `iterations` mixed ops each on their
+    // own buffers (pool sizes cycling through `pool_sizes`), every result
+    // checked against the CPU.
+    void run_streams(int threads, int iterations, const std::vector<int> &pool_sizes) {
+        std::vector<std::string> failures(threads);
+        std::atomic<int> ready{0};
+        auto worker = [&](int id) {
+            try {
+                cu::make_current();
+                ThreadEngine engine(gpu(), pool_sizes[id % pool_sizes.size()], 500 + id);
+                cu::Stream stream;
+                // Settle the engine's synchronous initial uploads (legacy stream).
+                cu::check(cu::api().cuStreamSynchronize(nullptr), "cuStreamSynchronize(legacy)");
+                // Start together, so the streams' work overlaps.
+                ready.fetch_add(1);
+                while (ready.load() < threads) std::this_thread::yield();
+                failures[id] = engine.run(stream, iterations, id);  // different ops at a time
+            } catch (const std::exception &e) {
+                ready.fetch_add(threads);  // never leave the others waiting
+                failures[id] = std::string("exception: ") + e.what();
+            }
+        };
+        std::vector<std::thread> pool;
+        for (int id = 0; id < threads; ++id) pool.emplace_back(worker, id);
+        for (std::thread &t : pool) t.join();
+        for (int id = 0; id < threads; ++id) {
+            EXPECT_TRUE(failures[id].empty()) << "thread " << id << ": " << failures[id];
         }
-    };
-    std::vector<std::thread> threads;
-    for (int id = 0; id < kThreads; ++id) threads.emplace_back(worker, id);
-    for (std::thread &t : threads) t.join();
-    for (int id = 0; id < kThreads; ++id) {
-        EXPECT_TRUE(failures[id].empty()) << "thread " << id << ": " << failures[id];
     }
-}
+};
+
+TEST_F(GpuThreads, TwoStreamsMixedOpsMatchCpu) { run_streams(2, 50, {4, 16}); }
+
+// Stress: eight threads on eight streams, 200 mixed ops each (1600 calls),
+// every pool size built for CUDA.
+TEST_F(GpuThreads, EightStreamsStressMatchesCpu) { run_streams(8, 200, {4, 8, 16}); }
 
 // ---------------------------------------------------------------------------
 // 5. Out-of-range indices in device tensors write nothing
