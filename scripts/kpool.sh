@@ -149,8 +149,9 @@ case "$command" in
         }
         sanitize_flags=(-DKPOOL_SANITIZE=ON -DKPOOL_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo)
         want_clang=no
+        # (Older releases ship libFuzzer with clang itself: no libclang-rt-dev.)
         if have_libfuzzer || { log "installing clang and libFuzzer (clang libclang-rt-dev)" &&
-            apt_install clang libclang-rt-dev && have_libfuzzer; }; then
+            { apt_install clang libclang-rt-dev || apt_install clang; } && have_libfuzzer; }; then
             sanitize_flags+=(-DCMAKE_C_COMPILER="$(command -v clang)" -DCMAKE_CXX_COMPILER="$(command -v clang++)" -DKPOOL_FUZZ=ON)
             want_clang=yes
         else

@@ -102,6 +102,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int64_t i = 0; i < B * N; i++) {
         out_of_range = out_of_range || sm[i] >= slots || (tsm[i] >= 0 && tsm[i] / ring >= tail_blocks);
     }
+    const bool bad_layout = (cache.shape[0] > 1 && cache.strides[0] % 4 != 0) ||
+                            (tail.shape[0] > 1 && tail.strides[0] < tail.strides[1] + ring * kD);
     const char *must_fail = first_reason({
         invalid_alone(cache, {KPOOL_DTYPE_UINT8}),
         !cache.null_data && cache.misalign % 4 ? "a kv_cache not 4-byte aligned" : nullptr,
@@ -115,9 +117,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         head_dim != kD ? "head_dim != 128" : nullptr,
         !tampered && pool_size != P ? "pool_size != ape.shape[0]" : nullptr,
         !tampered && out_of_range ? "an index outside its cache" : nullptr,
+        !tampered && bad_layout ? "a page stride not a multiple of 4, or overlapping tail blocks" : nullptr,
     });
-    const bool bad_layout = (cache.shape[0] > 1 && cache.strides[0] % 4 != 0) ||
-                            (tail.shape[0] > 1 && tail.strides[0] < tail.strides[1] + ring * kD);
 
     const Snapshot before({&cache, &tail, &tsm_t, &key, &score, &ape, &sm_t, &pos_t});
     Tensor want_cache = cache, want_tail = tail;
