@@ -128,11 +128,12 @@ public:
     void generate() {
         Var c = stages.col, row = stages.row;
         Func history = minus_one_outside(topk_result, history_cols);
-        Expr tail_start = pool_lens(row) * pool_size;
-        Expr tail_off = c - history_cols;
-        Expr is_tail = tail_off >= 0 && tail_off < seq_lens(row) - tail_start;
-        Expr tail_token = cast<int64_t>(tail_start) + tail_off;
-        Expr tail = map_token(tail_token, row, token_map, page_table, page_table.dim(0).extent(), topk_offsets);
+        // In int64: pool_len * P and seq_len - pool_len * P leave the int32
+        // range for hostile lengths (and Halide assumes int32 never wraps).
+        Expr tail_start = cast<int64_t>(pool_lens(row)) * pool_size;
+        Expr tail_off = cast<int64_t>(c) - history_cols;
+        Expr is_tail = tail_off >= 0 && tail_off < cast<int64_t>(seq_lens(row)) - tail_start;
+        Expr tail = map_token(tail_start + tail_off, row, token_map, page_table, page_table.dim(0).extent(), topk_offsets);
         out(c, row) = select(is_tail, tail, c < history_cols, history(c, row), -1);
         seq_lens.dim(0).set_stride(Expr());
         pool_lens.dim(0).set_stride(Expr());

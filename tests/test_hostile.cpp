@@ -235,14 +235,11 @@ TEST(Hostile, MisalignedDataIsRejected) {
     EXPECT_THAT(std::string(st.message), HasSubstr("kv_cache"));
 }
 
-// Known defect, found by fuzz_append_tail (disabled until the kernel is
-// fixed; the fuzz target exempts these rows unless KPOOL_FUZZ_STRICT is
-// set): the AppendTailToTopk generator (generators/kpool_expand.cpp)
-// computes pool_len * P and the tail test `c - C < seq_len - tail_start` in
-// int32, and Halide's simplifier, which assumes int32 never overflows,
-// rearranges the test, so seq_len near INT32_MAX loses its tail and
-// pool_len * P past INT32_MAX wraps. Computing both in int64 fixes it.
-TEST(Hostile, DISABLED_AppendTailNearInt32Max) {
+// Found by fuzz_append_tail: the kernels computed pool_len * P and the tail
+// test `c - C < seq_len - tail_start` in int32, and Halide's simplifier,
+// which assumes int32 never overflows, rearranged the test, so seq_len near
+// INT32_MAX lost its tail and pool_len * P past INT32_MAX wrapped.
+TEST(Hostile, AppendTailNearInt32Max) {
     const int P = 8;
     const int64_t rows = 3, C = 9;
     HostTensor topk(KPOOL_DTYPE_INT32, {rows, C}), seq(KPOOL_DTYPE_INT32, {rows}), pools(KPOOL_DTYPE_INT32, {rows});

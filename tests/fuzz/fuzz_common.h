@@ -529,7 +529,7 @@ struct Contested {
 // values overflow on the way, has a NaN code or a non-finite scale in the
 // reference's result. The kernels and the scalar reference need not agree
 // on those rows' values (docs/behaviour.md, "Numerics"), so only where they
-// are written is compared, unless KPOOL_FUZZ_STRICT(_NONFINITE) is set.
+// are written is compared, unless KPOOL_FUZZ_STRICT is set.
 inline bool nonfinite_row(const uint8_t *codes, float scale) {
     if (!std::isfinite(scale)) return true;
     for (int d = 0; d < kD; d++) {
@@ -538,8 +538,7 @@ inline bool nonfinite_row(const uint8_t *codes, float scale) {
     return false;
 }
 inline bool strict_nonfinite() {
-    static const bool strict =
-        std::getenv("KPOOL_FUZZ_STRICT_NONFINITE") != nullptr || std::getenv("KPOOL_FUZZ_STRICT") != nullptr;
+    static const bool strict = std::getenv("KPOOL_FUZZ_STRICT") != nullptr;
     return strict;
 }
 
@@ -588,14 +587,21 @@ struct CallOptions {
 
 inline const int kPoolSizes[] = {1, 2, 4, 8, 16, 32, 64};
 
-// A pool size: a valid one mostly, a hostile one sometimes.
-inline int32_t pool_size_value(Input &in, bool *hostile) {
+// The pool size the shapes are built for (P) and the one passed to the
+// call: now and then another value, valid or not, which makes it hostile.
+struct PoolSizeChoice {
+    int P;
+    int32_t pool_size;
+    bool hostile;
+};
+inline PoolSizeChoice pool_size_choice(Input &in) {
+    const int P = kPoolSizes[in.pick(7)];
+    if (!in.chance(12)) return {P, P, false};
     if (in.chance(12)) {
         const int32_t bad[] = {0, 3, 128, -4, 6, std::numeric_limits<int32_t>::min(), 96};
-        *hostile = true;
-        return bad[in.pick(7)];
+        return {P, bad[in.pick(7)], true};
     }
-    return kPoolSizes[in.pick(7)];
+    return {P, kPoolSizes[in.pick(7)], true};
 }
 
 // Flags passed as int32: mostly 0 / 1, any value now and then (nonzero = on).

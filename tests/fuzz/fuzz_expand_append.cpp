@@ -7,10 +7,7 @@ using namespace kfuzz;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Input in(data, size);
     const char *op = "kpool_expand_pools_and_append_tail";
-    const int P = kPoolSizes[in.pick(7)];
-    bool hostile = false;
-    int32_t pool_size = P;
-    if (in.chance(12)) pool_size = pool_size_value(in, &hostile), hostile = true;
+    auto [P, pool_size, hostile] = pool_size_choice(in);
     const int64_t rows = in.range<int64_t>(1, 8) - (in.chance(12) ? 1 : 0);
     const int64_t groups = in.range<int64_t>(0, 12);
     const bool wide = in.flag();

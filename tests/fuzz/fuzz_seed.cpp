@@ -7,10 +7,7 @@ using namespace kfuzz;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Input in(data, size);
     const char *op = "kpool_seed_tail_cache";
-    const int P = kPoolSizes[in.pick(7)];
-    bool hostile = false;
-    int32_t pool_size = P;
-    if (in.chance(12)) pool_size = pool_size_value(in, &hostile), hostile = true;
+    auto [P, pool_size, hostile] = pool_size_choice(in);
     const int32_t head_dim = head_dim_value(in);
     hostile = hostile || head_dim != kD;
     int64_t ring = P * in.range<int64_t>(1, P >= 32 ? 2 : 4);
