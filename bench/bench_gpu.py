@@ -3,6 +3,7 @@
 
     PYTHONPATH=python KPOOL_LIBRARY=build/libkpool.so python3 bench/bench_gpu.py [--quick]
         [--only copy,fwht,compress,seed,decode,expand] [--no-graph] [--out FILE]
+        [--arithmetic exact|triton]
 
 Both libraries run in one process on the same tensors (the cases, sizes and
 byte counts of shared/anchors/bench_triton.py). Per case it prints:
@@ -49,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--only", help="comma list of: " + ",".join(GROUPS))
     p.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
     p.add_argument("--out", help="JSON results path (default $OUT/kpool_bench.json when OUT is set)")
+    p.add_argument("--arithmetic", choices=("exact", "triton"), default="exact",
+                   help="kpool's softmax-pool arithmetic (kpool.set_arithmetic; default exact, the contract)")
     p.add_argument("--min-runs", type=int, default=100, help="timed runs per median, at least (default 100)")
     p.add_argument("--host-calls", type=int, default=200, help="back-to-back calls for the enqueue time")
     p.add_argument("--ours-on-host", action="store_true",
@@ -271,6 +274,10 @@ def main(argv=None):
     except OSError as e:
         version, ours_ok, why = None, False, str(e)
     ours = kpool
+    kpool.set_arithmetic(a.arithmetic)
+    print(f"kpool arithmetic: {a.arithmetic} (exp: "
+          + ("ex2.approx.f32 of x*log2(e), div.full.f32, as the reference" if a.arithmetic == "triton"
+             else "correctly rounded, IEEE division") + ")")
     if a.ours_on_host and version:
         ours, ours_ok, why = kt.OnHost(kpool), True, None
         print("kpool: on host copies (--ours-on-host): exactness only, ours not timed")
@@ -279,6 +286,7 @@ def main(argv=None):
     only = set(a.only.split(",")) if a.only else None
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                kpool=version, kpool_library=kpool.library_path() if version else None, quick=a.quick,
+               arithmetic=a.arithmetic,
                ours_on_host=a.ours_on_host,
                timing=f"median of triton.testing.do_bench (warmup 25 ms, >= {a.min_runs} runs, L2 flushed); "
                       "graph = do_bench_cudagraph median (warm L2); host = direct - graph; "

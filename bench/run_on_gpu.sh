@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU machine that has no Halide: the GPU tests, the dump check
-# on the device, the benchmark next to the Triton reference, and (with
+# on the device, the Python side-by-side test, the benchmark next to the
+# Triton reference (in both arithmetics), and (with
 # --profile) Nsight Compute on the large cases. Everything built here first:
 #
 #   bash scripts/kpool.sh build
@@ -42,4 +43,11 @@ if [ "$profile" = yes ]; then
     grep -E '^  _kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Local Memory Spilling Req' \
         "$out/ncu.txt" | head -80
 fi
+python3 -m pytest python/tests/test_gpu_side_by_side.py -q -p no:cacheprovider >"$out/side_by_side.log" 2>&1
+echo "side by side (kpool triton arithmetic vs the reference): rc=$? ($(tail -1 "$out/side_by_side.log"))"
+grep -E '^(FAILED|ERROR|DIFF)|arith_model|boundary|comparisons identical' "$out/side_by_side.log" | head -30
+# The softmax-pool ops again in the reference's arithmetic (KPOOL_ARITHMETIC_TRITON).
+python3 bench/bench_gpu.py --min-runs 50 --arithmetic triton --only copy,compress,decode \
+    --out "$out/kpool_bench_triton.json" "${bench_args[@]}" >"$out/bench_triton.log" 2>&1
+echo "bench --arithmetic triton: rc=$?"
 python3 bench/bench_gpu.py --min-runs 50 --out "$out/kpool_bench.json" "${bench_args[@]}" 2>&1 | tee "$out/bench.log"

@@ -34,7 +34,8 @@ function(kpool_add_kernel function)
 endfunction()
 
 # Writes the dispatch table the runtime includes: every kernel header, then
-# one X-macro line per variant: X(device, kind, pool_size or 0, element type or none, function).
+# one X-macro line per variant:
+# X(device, kind, pool_size or 0, element type or none, arithmetic or any, function).
 function(kpool_write_variant_table file)
     get_property(lines GLOBAL PROPERTY KPOOL_VARIANT_LINES)
     get_property(headers GLOBAL PROPERTY KPOOL_VARIANT_HEADERS)

@@ -19,7 +19,10 @@ public:
         FwhtStages &s = stages;
         Func x{"q_f32"};
         x(s.d, s.row) = bf16_to_f32(q(s.d, s.row));
-        s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, row_layout({get_target(), gpu}), Expr(true));
+        // Always a ue8m0 scale, so the quotient is the same in both
+        // arithmetics (kpool_numerics.h): one kernel serves both.
+        s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, row_layout({get_target(), gpu}), Expr(true),
+                                   PoolArithmetic{});
         quantized(s.d, s.row) = Tuple(s.rotate.quant.codes(s.d, s.row), s.rotate.quant.scale(s.d, s.row));
 
         q.dim(0).set_bounds(0, kHeadDim);

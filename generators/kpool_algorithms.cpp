@@ -99,7 +99,7 @@ Hadamard128 hadamard128(Func x, const Var &v, const Var &lane, const std::vector
 }
 
 Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, const std::vector<Var> &rows,
-                        const RowLayout &layout, Expr round_scale) {
+                        const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith) {
     const int V = layout.values_per_lane, L = layout.lanes();
     Fp8Row q;
     q.round_scale = round_scale;
@@ -126,29 +126,30 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
     q.codes = Func{"e4m3_codes"};
     // x / scale is a true division: without round_scale the scale is no
     // power of two and the reference divides, it does not multiply. A
-    // ue8m0 scale's exact reciprocal gives the same quotient.
+    // ue8m0 scale's exact reciprocal gives the same quotient (as it does
+    // div.full.f32's: its reciprocal of a power of two is exact too).
     Expr x_d = x(with_two(d % V, d / V, rows));
     Expr scale = q.lane_scale(with_first(d / V, rows));
-    Expr quotient = select(round_scale, x_d * ue8m0_reciprocal(scale), x_d / scale);
+    Expr quotient = select(round_scale, x_d * ue8m0_reciprocal(scale), arith.divide(x_d, scale));
     Expr y = clamp(quotient, -kFp8Max, kFp8Max);
     q.codes(with_d(d, rows)) = e4m3_encode(y);
     return q;
 }
 
 RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &lane,
-                            const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale) {
+                            const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale,
+                            const PoolArithmetic &arith) {
     RotateQuant r;
     r.input = x_f32;
     r.rotation = hadamard128(x_f32, v, lane, rows, layout);
     r.rotated = Func{"rotated_bf16"};
     r.rotated(lane_args(v, lane, rows)) = round_to_bf16(r.rotation.output(with_two(v, lane, rows)));
-    r.quant = quantize_fp8_row(r.rotated, d, v, lane, rows, layout, round_scale);
+    r.quant = quantize_fp8_row(r.rotated, d, v, lane, rows, layout, round_scale, arith);
     return r;
 }
 
 SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
-                         const Var &j, const std::vector<Var> &rows, const RoundingBarrier &round,
-                         bool exp_branches) {
+                         const Var &j, const std::vector<Var> &rows, const PoolArithmetic &arith) {
     SoftmaxPool s;
     s.logit = Func{"logit"};
     s.logit(lane_args(d, j, rows)) = score(with_two(d, j, rows)) + ape(d, j);
@@ -167,8 +168,7 @@ SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Va
 
     s.weight = Func{"softmax_weight"};
     s.weight(lane_args(d, j, rows)) =
-        exp_f32_correctly_rounded(s.logit(with_two(d, j, rows)) - s.max_logit(with_first(d, rows)), round,
-                                  exp_branches);
+        arith.exp(s.logit(with_two(d, j, rows)) - s.max_logit(with_first(d, rows)));
 
     s.slot = RDom(0, pool_size, "slot");
     s.weighted_sum = Func{"weighted_sum"};
@@ -176,22 +176,21 @@ SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Va
     Expr p = s.weight(with_two(d, s.slot, rows));
     Expr numerator = s.weighted_sum(with_d(d, rows))[0], denominator = s.weighted_sum(with_d(d, rows))[1];
     s.weighted_sum(with_d(d, rows)) =
-        Tuple(numerator + round(key(with_two(d, s.slot, rows)) * p), denominator + p);
+        Tuple(arith.accumulate(numerator, key(with_two(d, s.slot, rows)), p), denominator + p);
     s.pooled = Func{"pooled"};
     s.pooled(with_d(d, rows)) =
-        s.weighted_sum(with_first(d, rows))[0] / s.weighted_sum(with_first(d, rows))[1];
+        arith.divide(s.weighted_sum(with_first(d, rows))[0], s.weighted_sum(with_first(d, rows))[1]);
     return s;
 }
 
 CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d, const Var &j,
                            const Var &v, const Var &lane, const std::vector<Var> &rows,
-                           const RowLayout &layout, Expr round_scale, const RoundingBarrier &round,
-                           bool exp_branches) {
+                           const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith) {
     CompressPool c;
-    c.pool = softmax_pool(key, score, ape, pool_size, d, j, rows, round, exp_branches);
+    c.pool = softmax_pool(key, score, ape, pool_size, d, j, rows, arith);
     c.pooled_bf16 = Func{"pooled_bf16"};
     c.pooled_bf16(with_d(d, rows)) = round_to_bf16(c.pool.pooled(with_d(d, rows)));
-    c.rotate = rotate_quantize(c.pooled_bf16, d, v, lane, rows, layout, round_scale);
+    c.rotate = rotate_quantize(c.pooled_bf16, d, v, lane, rows, layout, round_scale, arith);
     return c;
 }
 

@@ -58,8 +58,9 @@ struct Fp8Row {
     Func codes;                      // (d, rows...) e4m3 bits
     Expr round_scale;                // a schedule specializes on it (two kernels, no select)
 };
+// x / scale divides as `arith` does (one kernel of each arithmetic).
 Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, const std::vector<Var> &rows,
-                        const RowLayout &layout, Expr round_scale);
+                        const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith);
 
 // bf16 row -> Hadamard-128 -> bf16 -> fp8: fwht128_quant_fp8 per row.
 struct RotateQuant {
@@ -69,7 +70,8 @@ struct RotateQuant {
     Fp8Row quant;
 };
 RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &lane,
-                            const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale);
+                            const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale,
+                            const PoolArithmetic &arith);
 
 // Softmax pooling of P slots, per dim d:
 //   s_j = score_j + ape_j, m = max_j s_j, p_j = exp(s_j - m),
@@ -85,8 +87,7 @@ struct SoftmaxPool {
     Halide::RDom slot;        // 0..P-1
 };
 SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
-                         const Var &j, const std::vector<Var> &rows, const RoundingBarrier &round,
-                         bool exp_branches);
+                         const Var &j, const std::vector<Var> &rows, const PoolArithmetic &arith);
 
 // The compress path: softmax pool -> bf16 -> Hadamard-128 -> bf16 -> fp8.
 struct CompressPool {
@@ -96,8 +97,7 @@ struct CompressPool {
 };
 CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d, const Var &j,
                            const Var &v, const Var &lane, const std::vector<Var> &rows,
-                           const RowLayout &layout, Expr round_scale, const RoundingBarrier &round,
-                           bool exp_branches);
+                           const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith);
 
 // Cache addressing (SPEC "Memory layouts"). The kernels see the planar K
 // cache as two views of the same bytes, written together as one Tuple:

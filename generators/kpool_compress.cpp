@@ -28,6 +28,7 @@ class CompressBase : public Generator<T> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
     GeneratorParam<std::string> gpu{"gpu", ""};
+    GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};  // or "triton" (kpool_numerics.h)
 
     // slot_score's type (uint16 = bf16 bits, or float32) is chosen per variant.
     GeneratorInput<Buffer<uint16_t, 3>> slot_k{"slot_k"};  // (d, j, pool) bf16 bits
@@ -46,7 +47,8 @@ protected:
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool},
                              row_layout({this->get_target(), gpu}), round_scale,
-                             rounding_barrier(slot_k.dim(2).stride()), exp_branches({this->get_target(), gpu}));
+                             {parse_arithmetic(arithmetic, this->get_target()), rounding_barrier(slot_k.dim(2).stride()),
+                              exp_branches({this->get_target(), gpu})});
     }
 };
 

@@ -30,6 +30,7 @@ class DecodeWriteCache : public Generator<DecodeWriteCache> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
     GeneratorParam<std::string> gpu{"gpu", ""};
+    GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};  // or "triton" (kpool_numerics.h)
 
     Input<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block)
     Input<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
@@ -92,7 +93,8 @@ public:
         member_score(s.d, s.j, t, b) = member(score_in, 1);
         s.compress = compress_pool(member_key, member_score, ape, P, s.d, s.j, s.v, s.lane, {t, b},
                                    row_layout({get_target(), gpu}), round_scale,
-                                   rounding_barrier(key.dim(2).stride()), exp_branches({get_target(), gpu}));
+                                   {parse_arithmetic(arithmetic, get_target()), rounding_barrier(key.dim(2).stride()),
+                                    exp_branches({get_target(), gpu})});
 
         // A completion needs a tail block: with tail_slot < 0 the reference
         // would read block 0 (another request's); we write nothing and the

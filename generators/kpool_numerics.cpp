@@ -158,4 +158,50 @@ Expr exp_f32_correctly_rounded(Expr x, const RoundingBarrier &round, bool branch
     return select(certain, fast, exact);
 }
 
+Arithmetic parse_arithmetic(const std::string &name, const Target &target) {
+    if (name == "exact") {
+        return Arithmetic::Exact;
+    }
+    if (name != "triton") {
+        throw CompileError("arithmetic must be exact or triton, not " + name);
+    }
+    if (!target.has_feature(Target::CUDA)) {
+        throw CompileError("arithmetic=triton uses PTX instructions: CUDA targets only");
+    }
+    return Arithmetic::Triton;
+}
+
+namespace {
+
+// A call the PTX backend lowers to one instruction: an LLVM intrinsic,
+// declared by name.
+Expr ptx_instruction(const char *intrinsic, const std::vector<Expr> &args) {
+    return Internal::Call::make(Float(32), intrinsic, args, Internal::Call::PureExtern);
+}
+
+constexpr float kLog2EF32 = 1.4426950408889634f;  // 0x3FB8AA3B, as in the reference's PTX
+
+}  // namespace
+
+Expr PoolArithmetic::exp(Expr t) const {
+    if (kind == Arithmetic::Triton) {
+        return ptx_instruction("llvm.nvvm.ex2.approx.f", {t * kLog2EF32});  // ex2.approx.f32
+    }
+    return exp_f32_correctly_rounded(t, round, exp_branches);
+}
+
+Expr PoolArithmetic::accumulate(Expr sum, Expr k, Expr p) const {
+    if (kind == Arithmetic::Triton) {
+        return ptx_instruction("llvm.fma.f32", {k, p, sum});  // fma.rn.f32
+    }
+    return sum + round(k * p);
+}
+
+Expr PoolArithmetic::divide(Expr a, Expr b) const {
+    if (kind == Arithmetic::Triton) {
+        return ptx_instruction("llvm.nvvm.div.full", {a, b});  // div.full.f32
+    }
+    return a / b;
+}
+
 }  // namespace kpool

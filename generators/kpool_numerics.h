@@ -4,6 +4,8 @@
 // e4m3 subnormals and bf16 ties must come out the same on every target.
 #pragma once
 
+#include <string>
+
 #include "Halide.h"
 
 namespace kpool {
@@ -63,5 +65,31 @@ RoundingBarrier rounding_barrier(Halide::Expr buffer_stride);
 // branches); otherwise both are computed and selected (vector CPU code).
 // Platform expf and Halide's own exp are not correctly rounded.
 Halide::Expr exp_f32_correctly_rounded(Halide::Expr x, const RoundingBarrier &round, bool branch);
+
+// The two arithmetics of the steps where the Triton reference is
+// approximate (SPEC, shared numerics 5; include/kpool/kpool.h):
+//  - Exact, the contract: correctly rounded exp, every product rounded on its
+//    own, IEEE division; every target, CPU and GPU agree bit for bit;
+//  - Triton, the instructions of the reference's PTX (Triton's defaults):
+//    exp(t) = ex2.approx.f32(t * log2(e)), the weighted sum accumulated with
+//    fma.rn.f32, div.full.f32 for both divisions; CUDA only, where it matches
+//    the reference bit for bit.
+// The ue8m0 scale needs no second form: m = absmax * (1/448) of a bf16
+// absmax is never within an ulp above a power of two unless it is one, so
+// the reference's ceil(log2(m)) is the exact one.
+enum class Arithmetic { Exact, Triton };
+Arithmetic parse_arithmetic(const std::string &name, const Halide::Target &target);
+
+// The steps that differ, for one kernel build.
+struct PoolArithmetic {
+    Arithmetic kind = Arithmetic::Exact;
+    RoundingBarrier round;      // Exact: products rounded on their own
+    bool exp_branches = false;  // Exact: exp's exact path as a branch (GPU threads)
+
+    Halide::Expr exp(Halide::Expr t) const;
+    // sum + k * p, in the order the reference accumulates.
+    Halide::Expr accumulate(Halide::Expr sum, Halide::Expr k, Halide::Expr p) const;
+    Halide::Expr divide(Halide::Expr a, Halide::Expr b) const;
+};
 
 }  // namespace kpool

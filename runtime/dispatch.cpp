@@ -13,20 +13,22 @@ struct Variant {
     Kernel kind;
     int pool_size;
     const char *type;
+    const char *arithmetic;
     AnyKernel function;
 };
 
-#define KPOOL_VARIANT_ENTRY(device, kind, pool_size, type, function) \
-    {#device, Kernel::kind, pool_size, #type, reinterpret_cast<AnyKernel>(&function)},
+#define KPOOL_VARIANT_ENTRY(device, kind, pool_size, type, arithmetic, function) \
+    {#device, Kernel::kind, pool_size, #type, #arithmetic, reinterpret_cast<AnyKernel>(&function)},
 const Variant kVariants[] = {KPOOL_FOR_EACH_VARIANT(KPOOL_VARIANT_ENTRY)};
 #undef KPOOL_VARIANT_ENTRY
 
 }  // namespace
 
-AnyKernel find_kernel(const char *device, Kernel kind, int pool_size, const char *type) {
+AnyKernel find_kernel(const char *device, Kernel kind, int pool_size, const char *type, const char *arithmetic) {
     for (const Variant &v : kVariants) {
         if (std::strcmp(v.device, device) == 0 && v.kind == kind && v.pool_size == pool_size &&
-            std::strcmp(v.type, type) == 0) {
+            std::strcmp(v.type, type) == 0 &&
+            (std::strcmp(v.arithmetic, "any") == 0 || std::strcmp(v.arithmetic, arithmetic) == 0)) {
             return v.function;
         }
     }

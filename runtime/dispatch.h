@@ -22,16 +22,23 @@ enum class Kernel {
 };
 
 using AnyKernel = void (*)();
-// The variant's function for `device` ("cpu", "sm80", "sm90"), or NULL when
-// none was built for (pool_size, type).
-AnyKernel find_kernel(const char *device, Kernel kind, int pool_size, const char *type);
+// The variant's function for `device` ("cpu", "sm80", "sm90") and
+// `arithmetic` ("exact", "triton"; kernels without an approximate step serve
+// both), or NULL when none was built for (pool_size, type, arithmetic).
+AnyKernel find_kernel(const char *device, Kernel kind, int pool_size, const char *type, const char *arithmetic);
 
 template <typename Fn>
-Fn *kernel(const char *device, Kernel kind, const char *op, int pool_size, const char *type) {
-    AnyKernel k = find_kernel(device, kind, pool_size, type);
+Fn *kernel(const char *device, Kernel kind, const char *op, int pool_size, const char *type,
+           const char *arithmetic) {
+    AnyKernel k = find_kernel(device, kind, pool_size, type, arithmetic);
+    if (k == nullptr && std::strcmp(arithmetic, "exact") != 0 && std::strcmp(device, "cpu") == 0) {
+        unsupported() << op << ": exec->arithmetic = KPOOL_ARITHMETIC_TRITON (the reference's GPU instructions) "
+                      << "needs CUDA tensors; these are on the CPU";
+    }
     if (k == nullptr) {
         unsupported() << op << ": no " << device << " kernel variant was built for pool_size = " << pool_size
-                      << ", type " << type << " (see KPOOL_POOL_SIZES / KPOOL_CUDA_POOL_SIZES)";
+                      << ", type " << type << ", arithmetic " << arithmetic
+                      << " (see KPOOL_POOL_SIZES / KPOOL_CUDA_POOL_SIZES / KPOOL_CUDA_ARITHMETICS)";
     }
     return reinterpret_cast<Fn *>(k);
 }

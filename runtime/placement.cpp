@@ -15,6 +15,15 @@ const KernelConstants kHostConstants;
 }  // namespace
 
 Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec) {
+    if (exec != nullptr) {
+        switch (exec->arithmetic) {
+            case KPOOL_ARITHMETIC_EXACT: arithmetic_ = "exact"; break;
+            case KPOOL_ARITHMETIC_TRITON: arithmetic_ = "triton"; break;
+            default:
+                invalid() << "exec->arithmetic = " << static_cast<int>(exec->arithmetic)
+                          << " is not a kpool_arithmetic (KPOOL_ARITHMETIC_EXACT or KPOOL_ARITHMETIC_TRITON)";
+        }
+    }
     require_same_device(args);
     const TensorArg *first = *args.begin();
     if (first->t->device == KPOOL_DEVICE_CUDA) {

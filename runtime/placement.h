@@ -12,7 +12,7 @@ namespace kpool::rt {
 
 class Placement {
 public:
-    // All tensors on one device; exec's stream for CUDA.
+    // All tensors on one device; exec's stream for CUDA and its arithmetic.
     Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec);
 
     bool on_host() const { return cuda_ == nullptr; }
@@ -36,11 +36,11 @@ public:
     template <typename... Args>
     void launch(Kernel kind, const char *op, int pool_size, const char *type, Args... args) const {
         if (cuda_ != nullptr) {
-            auto *fn = kernel<int(void *, Args...)>(cuda_->family, kind, op, pool_size, type);
+            auto *fn = kernel<int(void *, Args...)>(cuda_->family, kind, op, pool_size, type, arithmetic_);
             CudaCall call = call_;
             check_halide(fn(&call, args...), op);
         } else {
-            auto *fn = kernel<int(Args...)>("cpu", kind, op, pool_size, type);
+            auto *fn = kernel<int(Args...)>("cpu", kind, op, pool_size, type, arithmetic_);
             check_halide(fn(args...), op);
         }
     }
@@ -50,6 +50,7 @@ private:
 
     const CudaDevice *cuda_ = nullptr;
     CudaCall call_{};
+    const char *arithmetic_ = "exact";
 };
 
 }  // namespace kpool::rt

@@ -82,6 +82,7 @@ struct FwhtCall {
     HostTensor q, fp8, scale;
     kpool_tensor qd, fd, sd;
     bool q_null = false, fp8_null = false, scale_null = false;
+    kpool_exec exec = kExec;
     explicit FwhtCall(int64_t rows = 6) {
         std::mt19937 rng(1);
         q = HostTensor(KPOOL_DTYPE_BFLOAT16, {rows, kD});
@@ -94,7 +95,7 @@ struct FwhtCall {
     }
     kpool_status_code run(kpool_status *st) {
         return kpool_fwht128_quant_fp8(q_null ? nullptr : &qd, fp8_null ? nullptr : &fd,
-                                       scale_null ? nullptr : &sd, &kExec, st);
+                                       scale_null ? nullptr : &sd, &exec, st);
     }
     void check(std::initializer_list<const char *> names, int code = -1) {
         kpool_status st{};
@@ -110,6 +111,22 @@ TEST(BadInputFwht, BaseCallIsValid) {
     kpool_status st{};
     ASSERT_EQ(c.run(&st), KPOOL_OK) << st.message;
     EXPECT_FALSE(AllCanary("q_scale", c.scale));
+}
+
+// fwht has no approximate step (its scale is always a power of two), so
+// both arithmetics run the same kernel, on the CPU too; unknown values are
+// refused.
+TEST(BadInputFwht, Arithmetic) {
+    FwhtCall exact, triton;
+    triton.exec.arithmetic = KPOOL_ARITHMETIC_TRITON;
+    kpool_status st{};
+    ASSERT_EQ(exact.run(&st), KPOOL_OK) << st.message;
+    ASSERT_EQ(triton.run(&st), KPOOL_OK) << st.message;
+    EXPECT_BYTES_EQ(exact.fp8, triton.fp8);
+    EXPECT_BYTES_EQ(exact.scale, triton.scale);
+    FwhtCall bad;
+    bad.exec.arithmetic = static_cast<kpool_arithmetic>(9);
+    bad.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT);
 }
 
 TEST(BadInputFwht, Dtypes) {
@@ -194,6 +211,7 @@ struct CompressCall {
     kpool_tensor c, k, s, a, l, m, kd, sd;
     bool cache_null = false, k_null = false, s_null = false, a_null = false, l_null = false;
     bool use_mask = false, use_ret = false, use_ck = false, use_cs = false;
+    kpool_exec exec = kExec;
 
     explicit CompressCall(int32_t pool_size = 4, int64_t pools = 9) : n(pools), P(pool_size) {
         std::mt19937 rng(2);
@@ -228,7 +246,7 @@ struct CompressCall {
             cache_null ? nullptr : &c, k_null ? nullptr : &k, s_null ? nullptr : &s,
             a_null ? nullptr : &a, l_null ? nullptr : &l, use_mask ? &m : nullptr,
             use_ck ? &kd : nullptr, use_cs ? &sd : nullptr, P, head_dim, round_scale, write_cache,
-            &kExec, st);
+            &exec, st);
     }
     void check(std::initializer_list<const char *> names, int code = -1) {
         kpool_status st{};
@@ -311,6 +329,19 @@ TEST(BadInputCompress, Parameters) {
     // Consistent shapes but a pool size with no kernel (not a power of two, or too large).
     { CompressCall c(3); c.check({"pool_size"}); }
     { CompressCall c(128, 2); c.check({"pool_size"}); }
+}
+
+// The reference's GPU instructions exist on CUDA only: a CPU call asking for
+// them is refused, whichever outputs it would write.
+TEST(BadInputCompress, Arithmetic) {
+    for (bool ret : {false, true}) {
+        CompressCall c;
+        c.set_return(ret);
+        c.exec.arithmetic = KPOOL_ARITHMETIC_TRITON;
+        c.check({"exec->arithmetic"}, KPOOL_ERROR_UNSUPPORTED);
+    }
+    { CompressCall c; c.exec.arithmetic = static_cast<kpool_arithmetic>(2); c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
+    { CompressCall c; c.exec.arithmetic = static_cast<kpool_arithmetic>(-1); c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
 }
 
 TEST(BadInputCompress, WriteMaskWithReturnCompressed) {
@@ -544,6 +575,7 @@ struct DecodeCall {
     kpool_tensor c, t, tsmd, k, s, a, smd, pd;
     bool cache_null = false, tail_null = false, tsm_null = false, key_null = false, score_null = false,
          ape_null = false, sm_null = false, pos_null = false;
+    kpool_exec exec = kExec;
 
     explicit DecodeCall(int32_t pool_size = 4, int64_t ring_size = 8) : ring(ring_size), P(pool_size) {
         std::mt19937 rng(4);
@@ -585,7 +617,7 @@ struct DecodeCall {
         return kpool_decode_update_and_maybe_write_cache_batched(
             cache_null ? nullptr : &c, tail_null ? nullptr : &t, tsm_null ? nullptr : &tsmd,
             key_null ? nullptr : &k, score_null ? nullptr : &s, ape_null ? nullptr : &a,
-            sm_null ? nullptr : &smd, pos_null ? nullptr : &pd, P, head_dim, round_scale, &kExec, st);
+            sm_null ? nullptr : &smd, pos_null ? nullptr : &pd, P, head_dim, round_scale, &exec, st);
     }
     // Index of a token that completes a pool in request b.
     int64_t completing_token(int64_t b) const {
@@ -612,6 +644,11 @@ TEST(BadInputDecode, BaseCallIsValid) {
     EXPECT_FALSE(AllCanary("kv_cache", c.cache));
     EXPECT_FALSE(AllCanary("tail_kv_cache", c.tail));
     ASSERT_GE(c.completing_token(0), 0);
+}
+
+TEST(BadInputDecode, Arithmetic) {
+    { DecodeCall c; c.exec.arithmetic = KPOOL_ARITHMETIC_TRITON; c.check({"exec->arithmetic"}, KPOOL_ERROR_UNSUPPORTED); }
+    { DecodeCall c; c.exec.arithmetic = static_cast<kpool_arithmetic>(5); c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
 }
 
 TEST(BadInputDecode, CacheAndTailLayout) {

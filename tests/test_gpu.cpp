@@ -333,6 +333,12 @@ std::string call_failure(const std::string &what, kpool_status_code rc, const kp
     return what + ": " + kpool_status_name(rc) + ": " + st.message;
 }
 
+// An e4m3 code's place in value order (sign-magnitude to a signed integer):
+// neighbouring values are one apart.
+int e4m3_ordinal(uint8_t code) {
+    return (code & 0x80) ? -(code & 0x7f) : (code & 0x7f);
+}
+
 // A tensor of a call made on both devices: the CPU call's host tensor, and
 // a device copy with the same layout (strides, padding, slack) whose bytes
 // come back into gpu_host(). Both start as the same bytes.
@@ -800,6 +806,78 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuCompress,
                                     dtype_tag(std::get<1>(info.param)) + "_" +
                                     mode_tag(std::get<2>(info.param));
                          });
+
+// KPOOL_ARITHMETIC_TRITON: the reference's own instructions, checked bit
+// for bit against the reference itself by the Python side-by-side test
+// (python/tests/test_gpu_side_by_side.py). Here, against the exact CPU
+// kernels: the same slots written and nothing else, the same scales, and
+// codes that differ only where an approximate exp or division moved a value
+// across an e4m3 rounding boundary: in few rows, by one code. At least one
+// row must differ, or the triton variant did not run.
+class GpuTritonArithmetic : public GpuParamTest<int> {};
+
+TEST_P(GpuTritonArithmetic, CompressDiffersFromExactOnlyByRareOneCodeSteps) {
+    const int P = GetParam();
+    const int64_t n = 16384, block_size = 64, num_blocks = n / block_size + 1;
+    std::mt19937 rng(5000 + P);
+    const HostTensor cache0 = random_bytes_like(rng, make_kv_cache(num_blocks, block_size, true));
+    CompressInputs in = make_compress_inputs(rng, n, P, KPOOL_DTYPE_BFLOAT16, num_blocks * block_size);
+    Mirrored cache(gpu(), cache0), k(gpu(), in.slot_k), score(gpu(), in.slot_score), ape(gpu(), in.ape),
+        loc(gpu(), in.loc), ck(gpu(), HostTensor(KPOOL_DTYPE_UINT8, {n, kD})),
+        cs(gpu(), HostTensor(KPOOL_DTYPE_FLOAT32, {n}));
+    const kpool_exec exact{nullptr, KPOOL_ARITHMETIC_EXACT}, triton{nullptr, KPOOL_ARITHMETIC_TRITON};
+    for (Side s : {Side::Cpu, Side::Gpu}) {
+        kpool_status st{};
+        const kpool_status_code rc = kpool_compress_and_write_cache(
+            cache.on(s), k.on(s), score.on(s), ape.on(s), loc.on(s), nullptr, ck.on(s), cs.on(s), P, kD, 1, 1,
+            s == Side::Cpu ? &exact : &triton, &st);
+        ASSERT_EQ(rc, KPOOL_OK) << st.message;
+    }
+    cache.download(), ck.download(), cs.download();
+    // A row's scale moves only if its absmax crosses a power of two: by 2x.
+    int64_t rows_differing = 0, scales_differing = 0, max_step = 0;
+    for (int64_t r = 0; r < n; ++r) {
+        const float a_scale = cs.cpu().get<float>({r});
+        float b_scale;
+        std::memcpy(&b_scale, cs.gpu_host().data() + 4 * r, 4);
+        if (a_scale != b_scale) {
+            EXPECT_TRUE(b_scale == 2 * a_scale || a_scale == 2 * b_scale) << "row " << r << ": scale " << b_scale
+                                                                          << ", exact " << a_scale;
+            ++scales_differing, ++rows_differing;
+            continue;
+        }
+        bool differs = false;
+        for (int d = 0; d < kD; ++d) {
+            const size_t at = static_cast<size_t>(r * kD + d);
+            const int a = e4m3_ordinal(ck.cpu().bytes()[at]), b = e4m3_ordinal(ck.gpu_host()[at]);
+            differs = differs || a != b;
+            max_step = std::max<int64_t>(max_step, std::abs(a - b));
+        }
+        rows_differing += differs;
+    }
+    std::printf("P=%d: %lld of %lld rows differ from exact (%lld by their scale), codes by at most %lld\n", P,
+                static_cast<long long>(rows_differing), static_cast<long long>(n),
+                static_cast<long long>(scales_differing), static_cast<long long>(max_step));
+    EXPECT_GT(rows_differing, 0) << "no row differs: did the triton variant run?";
+    EXPECT_LT(rows_differing, n / 100);
+    EXPECT_LE(max_step, 1);
+    EXPECT_LE(scales_differing, 2);
+    // The cache holds the same rows: patch the returned rows' codes into the
+    // CPU's cache image, then every byte must agree.
+    std::vector<uint8_t> expected = cache.cpu().bytes();
+    const int64_t page_stride = cache.cpu().strides()[0];
+    for (int64_t r = 0; r < n; ++r) {
+        const int64_t slot = in.loc.get<int64_t>({r});
+        if (slot < 0) continue;
+        const int64_t at = (slot / block_size) * page_stride + (slot % block_size) * kD;
+        std::copy_n(ck.gpu_host().begin() + r * kD, kD, expected.begin() + at);
+    }
+    EXPECT_TRUE(same_bytes("kv_cache (GPU triton vs CPU exact, returned rows patched in)", expected,
+                           std::vector<uint8_t>(cache.gpu_host())));
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuTritonArithmetic, ValuesIn(kGpuPoolSizes),
+                         [](const auto &info) { return "P" + std::to_string(info.param); });
 
 // seed_tail_cache: P x RING (P, 2P) x tslot dtype x padded tail strides.
 using GpuSeedParam = std::tuple<int, int, kpool_dtype, bool>;

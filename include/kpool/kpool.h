@@ -65,10 +65,26 @@ typedef struct kpool_status {
     char message[KPOOL_MESSAGE_SIZE];
 } kpool_status;
 
+/* The arithmetic of the softmax pool's approximate steps (compress and
+ * decode; SPEC shared numerics 5). Every other step is exact in both.
+ * - KPOOL_ARITHMETIC_EXACT (the default): the contract, a correctly rounded
+ *   exp and IEEE division; CPU and GPU kernels agree bit for bit.
+ * - KPOOL_ARITHMETIC_TRITON: the instructions of the Triton reference's PTX
+ *   (exp as ex2.approx.f32 of x * log2(e), fma-accumulated weighted sums,
+ *   div.full.f32), CUDA tensors only: bit for bit with the reference on the
+ *   same GPU, and faster. It differs from EXACT in about 0.1-0.2% of pools
+ *   (small e4m3 code distances). */
+typedef enum kpool_arithmetic {
+    KPOOL_ARITHMETIC_EXACT = 0,
+    KPOOL_ARITHMETIC_TRITON = 1
+} kpool_arithmetic;
+
 /* Per-call execution options. `stream` is a CUstream / cudaStream_t for CUDA
- * tensors (NULL = the legacy default stream) and ignored on the CPU. */
+ * tensors (NULL = the legacy default stream) and ignored on the CPU. A NULL
+ * exec means the legacy default stream and KPOOL_ARITHMETIC_EXACT. */
 typedef struct kpool_exec {
     void *stream;
+    kpool_arithmetic arithmetic;
 } kpool_exec;
 
 /* Names of codes and dtypes, for messages. */

@@ -10,6 +10,10 @@ arrays (CPU; bf16 as ``uint16`` arrays, e4m3 as ``uint8``), used in place.
 Errors: ``ValueError`` for bad shapes, strides, parameters and out-of-range
 indices, ``TypeError`` for dtypes, ``RuntimeError`` for unsupported variants or
 devices and device failures; all are ``kpool.KpoolError`` with a ``code``.
+
+``kpool.set_arithmetic("triton")`` makes compress and decode use the
+reference's own GPU instructions (bit for bit with it on CUDA tensors);
+the default, "exact", is the contract's arithmetic (SPEC.md).
 """
 
 from ._lib import (
@@ -21,6 +25,7 @@ from ._lib import (
     library_path,
     version,
 )
+from ._tensors import get_arithmetic, set_arithmetic
 from .ops import (
     INDEX_HEAD_DIM,
     append_tail_to_topk,
@@ -50,6 +55,8 @@ __all__ = [
     "KpoolRuntimeError",
     "KpoolTypeError",
     "KpoolValueError",
+    "get_arithmetic",
     "library_path",
+    "set_arithmetic",
     "version",
 ]

@@ -72,10 +72,16 @@ class KpoolStatus(ctypes.Structure):
     ]
 
 
-class KpoolExec(ctypes.Structure):
-    """kpool_exec: the CUDA stream of the call (NULL: legacy default stream)."""
+KPOOL_ARITHMETIC_EXACT = 0
+KPOOL_ARITHMETIC_TRITON = 1
+ARITHMETICS = {"exact": KPOOL_ARITHMETIC_EXACT, "triton": KPOOL_ARITHMETIC_TRITON}
 
-    _fields_ = [("stream", ctypes.c_void_p)]
+
+class KpoolExec(ctypes.Structure):
+    """kpool_exec: the CUDA stream of the call (NULL: legacy default stream)
+    and the softmax pool's arithmetic (kpool_arithmetic)."""
+
+    _fields_ = [("stream", ctypes.c_void_p), ("arithmetic", ctypes.c_int)]
 
 
 # The C layout, written out by hand from kpool.h; a mismatch is a bug here.
@@ -83,7 +89,7 @@ assert ctypes.sizeof(KpoolTensor) == 88 and KpoolTensor.shape.offset == 16
 assert KpoolTensor.strides.offset == 48 and KpoolTensor.device.offset == 80
 assert ctypes.sizeof(KpoolStatus) == 16 + KPOOL_MESSAGE_SIZE
 assert KpoolStatus.skipped_completions.offset == 8 and KpoolStatus.message.offset == 16
-assert ctypes.sizeof(KpoolExec) == ctypes.sizeof(ctypes.c_void_p)
+assert ctypes.sizeof(KpoolExec) == 2 * ctypes.sizeof(ctypes.c_void_p) and KpoolExec.arithmetic.offset == 8
 
 _T = ctypes.POINTER(KpoolTensor)
 _S = ctypes.POINTER(KpoolStatus)

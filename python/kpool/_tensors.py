@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import os
 import sys
 
 from . import _lib
@@ -206,6 +207,29 @@ def empty(like, shape, code: int):
     return np.empty(shape, dtype=_NUMPY_ALLOC[code])
 
 
+# The softmax pool's arithmetic for every call (include/kpool/kpool.h,
+# kpool_arithmetic): "exact" (the contract) or "triton" (the reference's own
+# GPU instructions, CUDA tensors only). Process-wide, as a drop-in's calls
+# keep the reference's signatures; $KPOOL_ARITHMETIC sets the start value.
+_arithmetic = ["exact"]
+
+
+def set_arithmetic(name: str) -> str:
+    """Sets the arithmetic of later calls ("exact" or "triton"); returns the
+    previous one. Calls already captured in a CUDA graph keep theirs."""
+    if name not in _lib.ARITHMETICS:
+        raise ValueError(f"arithmetic must be one of {sorted(_lib.ARITHMETICS)}, not {name!r}")
+    previous, _arithmetic[0] = _arithmetic[0], name
+    return previous
+
+
+def get_arithmetic() -> str:
+    return _arithmetic[0]
+
+
+set_arithmetic(os.environ.get("KPOOL_ARITHMETIC", "exact"))
+
+
 def _current_stream(device_index: int) -> int:
     global _raw_stream
     if _raw_stream is None:
@@ -308,8 +332,10 @@ class Call:
 
     def exec(self):
         """byref of the kpool_exec: torch's current stream on the CUDA device
-        of the call's first CUDA tensor, NULL for host-only calls."""
+        of the call's first CUDA tensor, NULL for host-only calls; the
+        arithmetic set by kpool.set_arithmetic()."""
         e = KpoolExec()
+        e.arithmetic = _lib.ARITHMETICS[_arithmetic[0]]
         if self.cuda_index is not None:
             e.stream = _current_stream(self.cuda_index)
         self.keep.append(e)

@@ -529,6 +529,30 @@ def test_errors_compress():
     np.testing.assert_array_equal(kv, before)
 
 
+def test_triton_arithmetic_is_cuda_only():
+    """kpool.set_arithmetic("triton") (the reference's GPU instructions) on
+    host arrays: the softmax-pool ops refuse, naming the option, and write
+    nothing; fwht, which has no approximate step, runs as in exact."""
+    rng = np.random.default_rng(11)
+    kv, sk, ss, ape, loc = _compress_inputs(rng, 5, 4)
+    before = kv.copy()
+    q = rng.standard_normal((3, D)).astype(np.float32).view(np.uint32) >> 16
+    exact = kpool.fwht128_quant_fp8(q.astype(np.uint16))
+    previous = kpool.set_arithmetic("triton")
+    try:
+        assert kpool.get_arithmetic() == "triton"
+        msg = _err(RuntimeError, kpool.kpool_compress_and_write_cache, kv, sk, ss, ape, loc, 4)
+        assert "exec->arithmetic" in msg and "CUDA" in msg
+        triton = kpool.fwht128_quant_fp8(q.astype(np.uint16))
+    finally:
+        kpool.set_arithmetic(previous)
+    np.testing.assert_array_equal(kv, before)
+    np.testing.assert_array_equal(exact[0], triton[0])
+    np.testing.assert_array_equal(exact[1], triton[1])
+    with pytest.raises(ValueError, match="arithmetic"):
+        kpool.set_arithmetic("fast")
+
+
 def test_errors_seed_and_decode():
     rng = np.random.default_rng(11)
     base, tail = _tail(rng, 3, 4)
