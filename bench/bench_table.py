@@ -32,7 +32,7 @@ def main(argv):
     with open(argv[1]) as f:
         res = json.load(f)
     print(f"Copy roofline in the same run: {res['copy']['GBps']:.0f} GB/s ({res['device']}, torch {res['torch']}, "
-          f"triton {res['triton']}).\n")
+          f"triton {res['triton']}); kpool arithmetic: {res.get('arithmetic', 'exact')}.\n")
     print("| op | case | ours µs | ref µs | ours graph µs | ref graph µs | % copy | speed-up | graph speed-up "
           "| host µs | vs reference |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
