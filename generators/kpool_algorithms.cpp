@@ -151,6 +151,7 @@ RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &l
 SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
                          const Var &j, const std::vector<Var> &rows, const PoolArithmetic &arith) {
     SoftmaxPool s;
+    s.arithmetic = arith.kind;
     s.logit = Func{"logit"};
     s.logit(lane_args(d, j, rows)) = score(with_two(d, j, rows)) + ape(d, j);
 

@@ -85,6 +85,7 @@ struct SoftmaxPool {
     Func pooled;        // (d, rows...)
     Halide::RDom later_slot;  // 1..P-1 (undefined when P == 1: no update)
     Halide::RDom slot;        // 0..P-1
+    Arithmetic arithmetic = Arithmetic::Exact;  // of weight and the sums (schedules unroll the cheap one)
 };
 SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
                          const Var &j, const std::vector<Var> &rows, const PoolArithmetic &arith);

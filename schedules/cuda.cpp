@@ -97,11 +97,13 @@ void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
 }
 
 // The softmax pool is elementwise in d: each lane pools its own 4 elements
-// into the pooled row that feeds the Hadamard input in registers. The two
-// folds over the slots stay loops (the 4 elements unrolled inside): fully
-// unrolled, P x 4 exps, each with its branch to the exact path, overflow the
-// instruction cache at P = 16 (H200, ncu: most stalls were instruction fetch,
-// compress of 262144 pools of 16 took 5.2 ms; 2.1 ms as loops).
+// into the pooled row that feeds the Hadamard input in registers. In the
+// exact arithmetic the two folds over the slots stay loops (the 4 elements
+// unrolled inside): fully unrolled, P x 4 exps, each with its branch to the
+// exact path, overflow the instruction cache at P = 16 (H200, ncu: most
+// stalls were instruction fetch, compress of 262144 pools of 16 took 5.2 ms;
+// 2.1 ms as loops). The triton arithmetic's exp is one instruction: unrolled,
+// every slot's loads are in flight at once.
 void compute_pool_in_warp(CompressPool &c, const Var &d, const Var &v, const Var &lane, LoopLevel at) {
     c.pooled_bf16.compute_at(at)
         .split(d, lane, v, kValuesPerLane)
@@ -110,11 +112,18 @@ void compute_pool_in_warp(CompressPool &c, const Var &d, const Var &v, const Var
         .store_in(MemoryType::Register);
     SoftmaxPool &p = c.pool;
     p.max_logit.compute_at(c.pooled_bf16, lane).unroll(d).store_in(MemoryType::Register);
+    const bool unroll_slots = p.arithmetic == Arithmetic::Triton;
     if (p.max_logit.has_update_definition()) {
         p.max_logit.update(0).reorder(d, p.later_slot).unroll(d);
+        if (unroll_slots) {
+            p.max_logit.update(0).unroll(p.later_slot);
+        }
     }
     p.weighted_sum.compute_at(c.pooled_bf16, lane).unroll(d).store_in(MemoryType::Register);
     p.weighted_sum.update(0).reorder(d, p.slot).unroll(d);
+    if (unroll_slots) {
+        p.weighted_sum.update(0).unroll(p.slot);
+    }
     // Both sums use the slot's weight: computed once per slot, not inlined
     // into each (an exp's branch is not merged by common-subexpression passes).
     p.weight.compute_at(p.weighted_sum, p.slot).unroll(d).store_in(MemoryType::Register);
