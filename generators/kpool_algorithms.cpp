@@ -218,4 +218,8 @@ TailSlot tail_slot(Expr tslot, Expr ring, Expr num_blocks) {
     return {block, ring_pos};
 }
 
+TailSlot clamp_tail_slot(Expr block, Expr ring_pos, Expr ring, Expr num_blocks) {
+    return {clamp(block, 0, num_blocks - 1), clamp(ring_pos, 0, ring - 1)};
+}
+
 }  // namespace kpool

@@ -14,14 +14,32 @@ using namespace Halide;
 
 namespace {
 
-// The decode rule for one token (SPEC op 4).
+// The decode rule for one token (SPEC op 4): it stashes when its position
+// and tail slot are both >= 0, into ring position `position % RING` of block
+// `tail_slot / RING` (the reference recomputes both; it does not take the
+// tail slot's low part). Unsigned 32-bit division: both are >= 0 where they
+// count (in int64 it was a software division per use, on the GPU).
 struct DecodeToken {
     Expr position, tail_slot, stashes;
+    Expr block, ring_pos;  // meaningful where `stashes`
 };
 
-DecodeToken decode_token(Func positions, Func tail_slots, Expr t, Expr b) {
+DecodeToken decode_token(Func positions, Func tail_slots, Expr t, Expr b, Expr ring) {
     Expr pos = positions(t, b), ts = tail_slots(t, b);
-    return {pos, ts, pos >= 0 && ts >= 0};
+    Expr ring_u = cast<uint32_t>(ring);
+    return {pos, ts, pos >= 0 && ts >= 0, cast<int32_t>(cast<uint32_t>(max(ts, 0)) / ring_u),
+            cast<int32_t>(cast<uint32_t>(max(pos, 0)) % ring_u)};
+}
+
+// A schedule may round a token loop up past next_n (guarded: those tokens
+// never write); reads clamp the token so bounds stay inside.
+Func clamp_token(Func f, Expr next_n) {
+    Func g{f.name() + "_clamped"};
+    std::vector<Var> args = f.args();
+    std::vector<Expr> at(args.begin(), args.end());
+    at[at.size() - 2] = min(args[args.size() - 2], next_n - 1);
+    g(args) = f(at);
+    return g;
 }
 
 }  // namespace
@@ -49,37 +67,26 @@ public:
         Expr ring = tail.dim(1).extent();
         Expr next_n = key.dim(1).extent();
         Var t = s.token, b = s.request;
-        // A schedule may round the token loop up past next_n (guarded: those
-        // tokens never write); reads clamp the token so bounds stay inside.
-        auto last_token = [&](Func f) {
-            Func g{f.name() + "_clamped"};
-            std::vector<Var> args = f.args();
-            std::vector<Expr> at(args.begin(), args.end());
-            at[at.size() - 2] = min(args[args.size() - 2], next_n - 1);
-            g(args) = f(at);
-            return g;
-        };
+        auto last_token = [&](Func f) { return clamp_token(f, next_n); };
         Func positions_in = last_token(positions), tail_slots_in = last_token(tail_slot_mapping),
              slots_in = last_token(slot_mapping), key_in = last_token(key), score_in = last_token(slot_score);
 
         // Member j of the pool that token t completes sits at position
-        // pos - (P-1) + j, in ring slot position % RING of t's tail block.
-        DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b);
-        // In int64: a position near INT32_MAX must not overflow on the way.
-        Expr member_pos = cast<int64_t>(tok.position) - (P - 1) + s.j;
-        Expr block = cast<int64_t>(max(tok.tail_slot, 0)) / cast<int64_t>(ring);
+        // pos - (P-1) + j, in ring position (pos - (P-1) + j) % RING of t's
+        // tail block: from pos % RING, since P <= RING, one wrap at most.
+        DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring);
+        Expr member_ring_pos = tok.ring_pos + (s.j - (P - 1));
+        member_ring_pos = select(member_ring_pos < 0, member_ring_pos + ring, member_ring_pos);
 
         // The latest earlier token of this request that stashed into the
         // same ring slot of the same block, or -1: what the ring holds now.
         RDom earlier(0, next_n, "earlier");
-        DecodeToken e = decode_token(positions_in, tail_slots_in, earlier, b);
-        Expr ring64 = cast<int64_t>(ring);
-        Expr same_slot = e.stashes && cast<int64_t>(e.tail_slot) / ring64 == block &&
-                         cast<int64_t>(e.position) % ring64 == member_pos % ring64;
+        DecodeToken e = decode_token(positions_in, tail_slots_in, earlier, b, ring);
+        Expr same_slot = e.stashes && e.block == tok.block && e.ring_pos == member_ring_pos;
         s.ring_writer = Func{"ring_writer"};
         s.ring_writer(s.j, t, b) = maximum(select(earlier < t && same_slot, earlier, -1));
 
-        TailSlot at = tail_slot(block * ring64 + member_pos % ring64, ring, tail.dim(3).extent());
+        TailSlot at = clamp_tail_slot(tok.block, member_ring_pos, ring, tail.dim(3).extent());
         Expr writer = s.ring_writer(s.j, t, b);
         Expr stashed = writer >= 0;
         Expr from = clamp(writer, 0, next_n - 1);
@@ -104,14 +111,13 @@ public:
         cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
         s.write = RDom(0, kHeadDim, 0, next_n, 0, key.dim(2).extent(), "write");
         Expr dim = s.write.x, wt = s.write.y, wb = s.write.z;
-        DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb);
+        DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb, ring);
         Expr loc = slots_in(wt, wb);
         // Out-of-range slots and tail blocks write nothing (device-side
         // indices are not checked on the host).
         Expr slots = cast<int64_t>(views[0].dim(1).extent()) * cast<int64_t>(views[0].dim(2).extent());
-        Expr in_tail = cast<int64_t>(w.tail_slot) / cast<int64_t>(ring) < cast<int64_t>(tail.dim(3).extent());
-        s.write.where(loc >= 0 && cast<int64_t>(loc) < slots && w.position >= 0 && w.position % P == P - 1 &&
-                      w.tail_slot >= 0 && in_tail);
+        s.write.where(loc >= 0 && cast<int64_t>(loc) < slots && w.stashes && w.position % P == P - 1 &&
+                      w.block < tail.dim(3).extent());
         CacheSlot slot = cache_slot(loc, views[0].dim(1).extent(), views[0].dim(2).extent());
         const Fp8Row &quant = s.compress.rotate.quant;
         cache(dim, slot.token, slot.page) = Tuple(quant.codes(dim, wt, wb), quant.scale(dim, wt, wb));
@@ -149,23 +155,34 @@ public:
 
     void generate() {
         Expr ring = tail.dim(1).extent();
+        Expr next_n = key.dim(1).extent();
         Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
         tail(d, ring_pos, half, block) = undef<uint16_t>();
 
         RDom &r = stages.stash;
-        r = RDom(0, kHeadDim, 0, 2, 0, key.dim(1).extent(), 0, key.dim(2).extent(), "stash");
+        r = RDom(0, kHeadDim, 0, 2, 0, next_n, 0, key.dim(2).extent(), "stash");
         Expr t = r.z, b = r[3];
-        DecodeToken tok = decode_token(positions, tail_slot_mapping, t, b);
-        r.where(tok.stashes && tok.tail_slot / ring < tail.dim(3).extent());
+        auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
+        Func positions_in = in_batch(positions), tail_slots_in = in_batch(tail_slot_mapping);
+        DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring);
+        // The reference stashes in token order, so the last stash into a ring
+        // slot wins; a token that a later one of its request overwrites
+        // stashes nothing, which leaves the tokens free of order (and of
+        // races) for a schedule.
+        Var tv{"tv"}, bv{"bv"};
+        RDom later(0, next_n, "later");
+        DecodeToken self = decode_token(positions_in, tail_slots_in, tv, bv, ring);
+        DecodeToken l = decode_token(positions_in, tail_slots_in, later, bv, ring);
+        Func &overwritten = stages.overwritten;
+        overwritten(tv, bv) = Internal::const_false();
+        overwritten(tv, bv) = overwritten(tv, bv) ||
+                              (later > tv && l.stashes && l.block == self.block && l.ring_pos == self.ring_pos);
+        r.where(tok.stashes && tok.block < tail.dim(3).extent() && !overwritten(t, b));
         tail_slot_mapping.dim(0).set_stride(Expr());
         positions.dim(0).set_stride(Expr());
-        // The ring position comes from the token's position, the block from
-        // its tail slot, as in the reference.
-        TailSlot at = tail_slot(cast<int64_t>(tok.tail_slot) / cast<int64_t>(ring) * cast<int64_t>(ring) +
-                                    tok.position % ring,
-                                ring, tail.dim(3).extent());
+        TailSlot at = clamp_tail_slot(tok.block, tok.ring_pos, ring, tail.dim(3).extent());
         tail(r.x, at.ring_pos, r.y, at.block) =
-            select(r.y == 0, key(r.x, t, b), slot_score(r.x, t, b));
+            select(r.y == 0, in_batch(key)(r.x, t, b), in_batch(slot_score)(r.x, t, b));
 
         key.dim(0).set_bounds(0, kHeadDim);
         slot_score.dim(0).set_bounds(0, kHeadDim);

@@ -98,12 +98,13 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan) {
 }
 
 void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan) {
-    // Requests in parallel; a request's tokens stay in order, so the last
-    // stash of a ring slot wins as in the reference's sequential loop.
+    // Requests in parallel; a request's tokens in order (the algorithm's
+    // `overwritten` already leaves one stash per ring slot).
     s.tail.update(0)
         .allow_race_conditions()
         .parallel(s.stash[3])
         .vectorize(s.stash.x, plan.target.natural_vector_size<uint16_t>());
+    s.overwritten.compute_at(s.tail, s.stash[3]);
 }
 
 void schedule_expand(ExpandStages &s, const BuildPlan &plan) {

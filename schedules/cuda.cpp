@@ -200,18 +200,22 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
     compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.cache, ti));
 }
 
-// One warp per request walks its tokens in order: the last stash of a ring
-// slot wins, as in the reference's sequential loop.
-void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &) {
-    RVar lane{"stash_lane"}, v{"stash_v"};
+// Every (token, half) of a request's block of tokens is a warp, each lane
+// moving 4 bf16: a token that a later one overwrites stashes nothing (the
+// algorithm), so tokens need no order.
+void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &build) {
+    const CudaPlan &plan = plan_for(build);
+    RVar lane{"stash_lane"}, v{"stash_v"}, tb{"stash_token_block"}, ti{"stash_token"};
     pure_stage_on_gpu(s.tail);
     s.tail.update(0)
         .allow_race_conditions()
         .split(s.stash.x, lane, v, kValuesPerLane)
-        .reorder(v, lane, s.stash.y, s.stash.z, s.stash[3])
-        .gpu_blocks(s.stash[3])
-        .gpu_threads(lane)
+        .split(s.stash.z, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
+        .reorder(v, lane, s.stash.y, ti, tb, s.stash[3])
+        .gpu_blocks(tb, s.stash[3])
+        .gpu_threads(lane, s.stash.y, ti)
         .vectorize(v);
+    s.overwritten.compute_at(s.tail, lane);  // each thread its token's
 }
 
 // Rows in grid x; each thread writes 4 consecutive int32 (16 bytes).

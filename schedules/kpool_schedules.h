@@ -68,7 +68,8 @@ struct DecodeWriteStages {
 };
 struct DecodeStashStages {
     Func tail;
-    RDom stash;  // (d, half, token, request)
+    RDom stash;        // (d, half, token, request)
+    Func overwritten;  // (token, request): a later token stashes into the same ring slot
 };
 
 // The expand family: one int32 output over (col, row).
