@@ -20,14 +20,14 @@ namespace {
 // tail slot's low part). Unsigned 32-bit division: both are >= 0 where they
 // count (in int64 it was a software division per use, on the GPU).
 struct DecodeToken {
-    Expr position, tail_slot, stashes;
+    Expr position, stashes;
     Expr block, ring_pos;  // meaningful where `stashes`
 };
 
 DecodeToken decode_token(Func positions, Func tail_slots, Expr t, Expr b, Expr ring) {
     Expr pos = positions(t, b), ts = tail_slots(t, b);
     Expr ring_u = cast<uint32_t>(ring);
-    return {pos, ts, pos >= 0 && ts >= 0, cast<int32_t>(cast<uint32_t>(max(ts, 0)) / ring_u),
+    return {pos, pos >= 0 && ts >= 0, cast<int32_t>(cast<uint32_t>(max(ts, 0)) / ring_u),
             cast<int32_t>(cast<uint32_t>(max(pos, 0)) % ring_u)};
 }
 

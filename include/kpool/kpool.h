@@ -72,8 +72,8 @@ typedef struct kpool_status {
  * - KPOOL_ARITHMETIC_TRITON: the instructions of the Triton reference's PTX
  *   (exp as ex2.approx.f32 of x * log2(e), fma-accumulated weighted sums,
  *   div.full.f32), CUDA tensors only: bit for bit with the reference on the
- *   same GPU, and faster. It differs from EXACT in about 0.1-0.2% of pools
- *   (small e4m3 code distances). */
+ *   same GPU, and faster. It differs from EXACT in about 0.1-0.2% of pools,
+ *   in a few of their codes. */
 typedef enum kpool_arithmetic {
     KPOOL_ARITHMETIC_EXACT = 0,
     KPOOL_ARITHMETIC_TRITON = 1
