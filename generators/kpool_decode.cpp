@@ -14,21 +14,37 @@ using namespace Halide;
 
 namespace {
 
+// x / RING and x % RING of an x >= 0, in unsigned 32-bit (an int64 division
+// is a software routine on a GPU, and so is a 32-bit one, at a third of the
+// cost); by shift and mask when RING is a power of two, as it usually is,
+// once a schedule specializes on `is_pow2`.
+struct Ring {
+    Expr size, is_pow2, log2;
+    explicit Ring(Expr ring)
+        : size(cast<uint32_t>(ring)), is_pow2((ring & (ring - 1)) == 0),
+          log2(cast<uint32_t>(count_trailing_zeros(ring))) {}
+    Expr div(Expr x) const {
+        x = cast<uint32_t>(max(x, 0));
+        return cast<int32_t>(select(is_pow2, x >> log2, x / size));
+    }
+    Expr mod(Expr x) const {
+        x = cast<uint32_t>(max(x, 0));
+        return cast<int32_t>(select(is_pow2, x & (size - 1), x % size));
+    }
+};
+
 // The decode rule for one token (SPEC op 4): it stashes when its position
 // and tail slot are both >= 0, into ring position `position % RING` of block
 // `tail_slot / RING` (the reference recomputes both; it does not take the
-// tail slot's low part). Unsigned 32-bit division: both are >= 0 where they
-// count (in int64 it was a software division per use, on the GPU).
+// tail slot's low part).
 struct DecodeToken {
     Expr position, stashes;
     Expr block, ring_pos;  // meaningful where `stashes`
 };
 
-DecodeToken decode_token(Func positions, Func tail_slots, Expr t, Expr b, Expr ring) {
+DecodeToken decode_token(Func positions, Func tail_slots, Expr t, Expr b, const Ring &ring) {
     Expr pos = positions(t, b), ts = tail_slots(t, b);
-    Expr ring_u = cast<uint32_t>(ring);
-    return {pos, pos >= 0 && ts >= 0, cast<int32_t>(cast<uint32_t>(max(ts, 0)) / ring_u),
-            cast<int32_t>(cast<uint32_t>(max(pos, 0)) % ring_u)};
+    return {pos, pos >= 0 && ts >= 0, ring.div(ts), ring.mod(pos)};
 }
 
 // A schedule may round a token loop up past next_n (guarded: those tokens
@@ -65,6 +81,8 @@ public:
         DecodeWriteStages &s = stages;
         const int P = pool_size;
         Expr ring = tail.dim(1).extent();
+        Ring ring_math(ring);
+        s.ring_is_pow2 = ring_math.is_pow2;
         Expr next_n = key.dim(1).extent();
         Var t = s.token, b = s.request;
         auto last_token = [&](Func f) { return clamp_token(f, next_n); };
@@ -74,14 +92,14 @@ public:
         // Member j of the pool that token t completes sits at position
         // pos - (P-1) + j, in ring position (pos - (P-1) + j) % RING of t's
         // tail block: from pos % RING, since P <= RING, one wrap at most.
-        DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring);
+        DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
         Expr member_ring_pos = tok.ring_pos + (s.j - (P - 1));
         member_ring_pos = select(member_ring_pos < 0, member_ring_pos + ring, member_ring_pos);
 
         // The latest earlier token of this request that stashed into the
         // same ring slot of the same block, or -1: what the ring holds now.
         RDom earlier(0, next_n, "earlier");
-        DecodeToken e = decode_token(positions_in, tail_slots_in, earlier, b, ring);
+        DecodeToken e = decode_token(positions_in, tail_slots_in, earlier, b, ring_math);
         Expr same_slot = e.stashes && e.block == tok.block && e.ring_pos == member_ring_pos;
         s.ring_writer = Func{"ring_writer"};
         s.ring_writer(s.j, t, b) = maximum(select(earlier < t && same_slot, earlier, -1));
@@ -111,7 +129,7 @@ public:
         cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
         s.write = RDom(0, kHeadDim, 0, next_n, 0, key.dim(2).extent(), "write");
         Expr dim = s.write.x, wt = s.write.y, wb = s.write.z;
-        DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb, ring);
+        DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb, ring_math);
         Expr loc = slots_in(wt, wb);
         // Out-of-range slots and tail blocks write nothing (device-side
         // indices are not checked on the host).
@@ -155,6 +173,8 @@ public:
 
     void generate() {
         Expr ring = tail.dim(1).extent();
+        Ring ring_math(ring);
+        stages.ring_is_pow2 = ring_math.is_pow2;
         Expr next_n = key.dim(1).extent();
         Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
         tail(d, ring_pos, half, block) = undef<uint16_t>();
@@ -164,15 +184,15 @@ public:
         Expr t = r.z, b = r[3];
         auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
         Func positions_in = in_batch(positions), tail_slots_in = in_batch(tail_slot_mapping);
-        DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring);
+        DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
         // The reference stashes in token order, so the last stash into a ring
         // slot wins; a token that a later one of its request overwrites
         // stashes nothing, which leaves the tokens free of order (and of
         // races) for a schedule.
         Var tv{"tv"}, bv{"bv"};
         RDom later(0, next_n, "later");
-        DecodeToken self = decode_token(positions_in, tail_slots_in, tv, bv, ring);
-        DecodeToken l = decode_token(positions_in, tail_slots_in, later, bv, ring);
+        DecodeToken self = decode_token(positions_in, tail_slots_in, tv, bv, ring_math);
+        DecodeToken l = decode_token(positions_in, tail_slots_in, later, bv, ring_math);
         Func &overwritten = stages.overwritten;
         overwritten(tv, bv) = Internal::const_false();
         overwritten(tv, bv) = overwritten(tv, bv) ||

@@ -195,14 +195,16 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
         .gpu_blocks(request, tb)
         .gpu_threads(ti)
         .gpu_lanes(lane)
-        .unroll(v);
+        .unroll(v)
+        .specialize(s.ring_is_pow2);  // the ring walk by shifts and masks
     s.ring_writer.compute_at(s.compress.pooled_bf16, s.lane).unroll(s.j);
     compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.cache, ti));
 }
 
-// Every (token, half) of a request's block of tokens is a warp, each lane
-// moving 4 bf16: a token that a later one overwrites stashes nothing (the
-// algorithm), so tokens need no order.
+// Every token of a request's block of tokens is a warp, each lane moving 4
+// bf16 of both halves (unrolled: each half reads only its own input): a
+// token that a later one overwrites stashes nothing (the algorithm), so
+// tokens need no order.
 void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &build) {
     const CudaPlan &plan = plan_for(build);
     RVar lane{"stash_lane"}, v{"stash_v"}, tb{"stash_token_block"}, ti{"stash_token"};
@@ -211,10 +213,12 @@ void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &build) {
         .allow_race_conditions()
         .split(s.stash.x, lane, v, kValuesPerLane)
         .split(s.stash.z, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
-        .reorder(v, lane, s.stash.y, ti, tb, s.stash[3])
+        .reorder(v, s.stash.y, lane, ti, tb, s.stash[3])
         .gpu_blocks(tb, s.stash[3])
-        .gpu_threads(lane, s.stash.y, ti)
-        .vectorize(v);
+        .gpu_threads(lane, ti)
+        .unroll(s.stash.y)
+        .vectorize(v)
+        .specialize(s.ring_is_pow2);
     s.overwritten.compute_at(s.tail, lane);  // each thread its token's
 }
 

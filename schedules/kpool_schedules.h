@@ -65,11 +65,13 @@ struct DecodeWriteStages {
     CompressPool compress;
     Func cache;
     RDom write;
+    Expr ring_is_pow2;  // the ring arithmetic takes shifts and masks where a schedule specializes on it
 };
 struct DecodeStashStages {
     Func tail;
     RDom stash;        // (d, half, token, request)
     Func overwritten;  // (token, request): a later token stashes into the same ring slot
+    Expr ring_is_pow2;
 };
 
 // The expand family: one int32 output over (col, row).
