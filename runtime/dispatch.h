@@ -31,10 +31,6 @@ template <typename Fn>
 Fn *kernel(const char *device, Kernel kind, const char *op, int pool_size, const char *type,
            const char *arithmetic) {
     AnyKernel k = find_kernel(device, kind, pool_size, type, arithmetic);
-    if (k == nullptr && std::strcmp(arithmetic, "exact") != 0 && std::strcmp(device, "cpu") == 0) {
-        unsupported() << op << ": exec->arithmetic = KPOOL_ARITHMETIC_TRITON (the reference's GPU instructions) "
-                      << "needs CUDA tensors; these are on the CPU";
-    }
     if (k == nullptr) {
         unsupported() << op << ": no " << device << " kernel variant was built for pool_size = " << pool_size
                       << ", type " << type << ", arithmetic " << arithmetic

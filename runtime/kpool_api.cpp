@@ -373,6 +373,7 @@ kpool_status_code kpool_compress_and_write_cache(
             args.insert(args.end(), {&compressed_k, &compressed_scale});
         }
         Placement where(args, exec);
+        where.require_pool_arithmetic();
         if (write_cache && where.on_host()) {
             require_locs_in_cache(loc, kv_cache, mask);
         }
@@ -463,6 +464,7 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
         TensorArg slots = per_token("slot_mapping", slot_mapping_);
         TensorArg positions = per_token("positions", positions_);
         Placement where({&kv_cache, &tail, &key, &score, &ape, &tail_slots, &slots, &positions}, exec);
+        where.require_pool_arithmetic();
         // Completions without a tail block write nothing (SPEC, reference
         // defects); on the host they are counted, on a device the count
         // would need a copy back, so it is reported as -1.

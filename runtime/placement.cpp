@@ -1,6 +1,7 @@
 #include "placement.h"
 
 #include <cstddef>
+#include <cstring>
 #include <limits>
 
 #include "HalideRuntimeCuda.h"
@@ -20,7 +21,7 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
             case KPOOL_ARITHMETIC_EXACT: arithmetic_ = "exact"; break;
             case KPOOL_ARITHMETIC_TRITON: arithmetic_ = "triton"; break;
             default:
-                invalid() << "exec->arithmetic = " << static_cast<int>(exec->arithmetic)
+                invalid() << "exec->arithmetic = " << exec->arithmetic
                           << " is not a kpool_arithmetic (KPOOL_ARITHMETIC_EXACT or KPOOL_ARITHMETIC_TRITON)";
         }
     }
@@ -36,6 +37,13 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
         }
         cuda_ = &cuda_device(first->t->device_index, first->name);
         call_ = {cuda_->primary_context, exec != nullptr ? exec->stream : nullptr};
+    }
+}
+
+void Placement::require_pool_arithmetic() const {
+    if (on_host() && std::strcmp(arithmetic_, "exact") != 0) {
+        unsupported() << "exec->arithmetic = KPOOL_ARITHMETIC_TRITON (the reference's GPU instructions) needs CUDA "
+                          "tensors; these are on the CPU";
     }
 }
 

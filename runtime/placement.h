@@ -16,6 +16,9 @@ public:
     Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec);
 
     bool on_host() const { return cuda_ == nullptr; }
+    // For the ops with a softmax pool: the triton arithmetic's instructions
+    // exist on CUDA only (checked before anything runs, empty calls too).
+    void require_pool_arithmetic() const;
     const char *family() const { return cuda_ ? cuda_->family : "cpu"; }
 
     // A buffer wrapping caller memory, moved to the device side on CUDA

@@ -125,7 +125,7 @@ TEST(BadInputFwht, Arithmetic) {
     EXPECT_BYTES_EQ(exact.fp8, triton.fp8);
     EXPECT_BYTES_EQ(exact.scale, triton.scale);
     FwhtCall bad;
-    bad.exec.arithmetic = static_cast<kpool_arithmetic>(9);
+    bad.exec.arithmetic = 9;
     bad.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT);
 }
 
@@ -340,8 +340,8 @@ TEST(BadInputCompress, Arithmetic) {
         c.exec.arithmetic = KPOOL_ARITHMETIC_TRITON;
         c.check({"exec->arithmetic"}, KPOOL_ERROR_UNSUPPORTED);
     }
-    { CompressCall c; c.exec.arithmetic = static_cast<kpool_arithmetic>(2); c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
-    { CompressCall c; c.exec.arithmetic = static_cast<kpool_arithmetic>(-1); c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
+    { CompressCall c; c.exec.arithmetic = 2; c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
+    { CompressCall c; c.exec.arithmetic = -1; c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
 }
 
 TEST(BadInputCompress, WriteMaskWithReturnCompressed) {
@@ -648,7 +648,7 @@ TEST(BadInputDecode, BaseCallIsValid) {
 
 TEST(BadInputDecode, Arithmetic) {
     { DecodeCall c; c.exec.arithmetic = KPOOL_ARITHMETIC_TRITON; c.check({"exec->arithmetic"}, KPOOL_ERROR_UNSUPPORTED); }
-    { DecodeCall c; c.exec.arithmetic = static_cast<kpool_arithmetic>(5); c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
+    { DecodeCall c; c.exec.arithmetic = 5; c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
 }
 
 TEST(BadInputDecode, CacheAndTailLayout) {

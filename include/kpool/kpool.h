@@ -84,7 +84,7 @@ typedef enum kpool_arithmetic {
  * exec means the legacy default stream and KPOOL_ARITHMETIC_EXACT. */
 typedef struct kpool_exec {
     void *stream;
-    kpool_arithmetic arithmetic;
+    int32_t arithmetic; /* a kpool_arithmetic; other values are rejected */
 } kpool_exec;
 
 /* Names of codes and dtypes, for messages. */

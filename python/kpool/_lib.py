@@ -81,7 +81,7 @@ class KpoolExec(ctypes.Structure):
     """kpool_exec: the CUDA stream of the call (NULL: legacy default stream)
     and the softmax pool's arithmetic (kpool_arithmetic)."""
 
-    _fields_ = [("stream", ctypes.c_void_p), ("arithmetic", ctypes.c_int)]
+    _fields_ = [("stream", ctypes.c_void_p), ("arithmetic", ctypes.c_int32)]
 
 
 # The C layout, written out by hand from kpool.h; a mismatch is a bug here.

@@ -45,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     write_ints(lens, seq_lens);
     write_ints(plens, pool_lens);
     map.fill(in);
-    const CallOptions opts(in);
+    const CallOptions opts(in, PoolOp::kNo);
     note("P %d pool_size %d", P, pool_size);
 
     const char *must_fail = first_reason({

@@ -572,15 +572,26 @@ struct Desc {
     const kpool_tensor *operator()() const { return p; }
 };
 
-// Whether the input wants a status (and an exec) passed.
+// Whether the input wants a status (and an exec) passed, and the exec's
+// arithmetic: now and then KPOOL_ARITHMETIC_TRITON, which a CPU call of an op
+// with a softmax pool refuses (the others run as in exact), or any int32.
+enum class PoolOp { kNo, kYes };
 struct CallOptions {
     bool with_status = true;
-    kpool_exec exec{nullptr};
+    kpool_exec exec{nullptr, KPOOL_ARITHMETIC_EXACT};
     bool with_exec = true;
-    explicit CallOptions(Input &in) {
+    const char *rejection = nullptr;  // why the exec alone makes the call fail
+    CallOptions(Input &in, PoolOp pool_op) {
         with_status = !in.chance(16);
         with_exec = !in.chance(16);
         if (in.chance(16)) exec.stream = reinterpret_cast<void *>(uintptr_t(0xdeadbeef));  // ignored on the CPU
+        if (in.chance(24)) exec.arithmetic = in.flag() ? KPOOL_ARITHMETIC_TRITON : in.any<int32_t>();
+        if (!with_exec) return;
+        if (exec.arithmetic != KPOOL_ARITHMETIC_EXACT && exec.arithmetic != KPOOL_ARITHMETIC_TRITON) {
+            rejection = "an unknown exec->arithmetic";
+        } else if (exec.arithmetic == KPOOL_ARITHMETIC_TRITON && pool_op == PoolOp::kYes) {
+            rejection = "exec->arithmetic = KPOOL_ARITHMETIC_TRITON on the CPU";
+        }
     }
     const kpool_exec *ex() const { return with_exec ? &exec : nullptr; }
 };
@@ -631,6 +642,10 @@ inline bool settle(kpool_status_code rc, const kpool_status &st, const CallOptio
     note("-> %s: %s", kpool_status_name(rc), o.with_status ? st.message : "(no status)");
     if (std::getenv("KPOOL_FUZZ_VERBOSE")) std::fprintf(stderr, "%s\n", notes().c_str());
     check_status(rc, st, o.with_status, op);
+    if (o.rejection) {
+        must_fail = must_fail ? must_fail : o.rejection;
+        must_succeed = false;
+    }
     const char *message = o.with_status ? st.message : "(no status asked for)";
     if (rc != KPOOL_OK) {
         KFUZZ_CHECK(!must_succeed, "%s rejected a valid call: %s: %s", op, kpool_status_name(rc), message);

@@ -69,7 +69,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fill_values(in, ape, 0.5f, specials);
     write_ints(loc, locs);
     write_ints(mask, flags);
-    const CallOptions opts(in);
+    const CallOptions opts(in, PoolOp::kYes);
     note("P %d pool_size %d head_dim %d mode %d write_cache %d round_scale %d slots %lld", P, pool_size, head_dim, int(mode), write_cache, round_scale, (long long)slots);
 
     // What must be rejected whatever else the call holds.

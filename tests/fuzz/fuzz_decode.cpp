@@ -92,7 +92,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     write_ints(tsm_t, tsm);
     write_ints(sm_t, sm);
     write_ints(pos_t, pos);
-    const CallOptions opts(in);
+    const CallOptions opts(in, PoolOp::kYes);
     note("P %d pool_size %d head_dim %d round_scale %d ring %lld tail_blocks %lld pages %lld block_size %lld", P, pool_size, head_dim, round_scale, (long long)ring, (long long)tail_blocks, (long long)pages, (long long)block_size);
 
     bool out_of_range = false;

@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     write_ints(pool_ids, ids);
     write_ints(lens, seq_lens);
-    const CallOptions opts(in);
+    const CallOptions opts(in, PoolOp::kNo);
     note("P %d pool_size %d bound %d", P, pool_size, bound);
 
     bool negative = false;

@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     write_ints(group_ids, ids);
     write_ints(group_valid, valid);
     map.fill(in);
-    const CallOptions opts(in);
+    const CallOptions opts(in, PoolOp::kNo);
     note("P %d pool_size %d topk %d", P, pool_size, topk);
 
     const char *must_fail = first_reason({

@@ -20,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!t->allocate(in)) return 0;
     }
     fill_values(in, q, sigma, specials);
-    const CallOptions opts(in);
+    const CallOptions opts(in, PoolOp::kNo);
     note("rows %lld", (long long)rows);
 
     const char *must_fail = first_reason({invalid_alone(q, {KPOOL_DTYPE_BFLOAT16}),

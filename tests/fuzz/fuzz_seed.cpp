@@ -45,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fill_values(in, key, 1.0f, in.chance(24));
     fill_values(in, gate, 2.0f, false);
     write_ints(tslot, slots);
-    const CallOptions opts(in);
+    const CallOptions opts(in, PoolOp::kNo);
     note("P %d pool_size %d head_dim %d ring %lld blocks %lld", P, pool_size, head_dim, (long long)ring, (long long)blocks);
 
     bool out_of_range = false;
