@@ -13,6 +13,7 @@
 //     reference does on that request alone).
 #include <map>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "test_inputs.h"
@@ -169,20 +170,9 @@ struct DecodeBatch {
         cache.fill_random_bytes(rng);
         tail = make_tail_cache(4, ring, true);
         fill_normal(tail, rng, 1.5f);
-        tsm = HostTensor(KPOOL_DTYPE_INT32, {B, N});
-        sm = HostTensor(KPOOL_DTYPE_INT32, {B, N});
-        pos = HostTensor(KPOOL_DTYPE_INT32, {B, N});
-        key = HostTensor(KPOOL_DTYPE_BFLOAT16, {B, N, kD});
-        score = HostTensor(KPOOL_DTYPE_BFLOAT16, {B, N, kD});
-        ape = HostTensor(KPOOL_DTYPE_FLOAT32, {P, kD});
-        fill_normal(key, rng);
-        fill_normal(score, rng, 2.0f);
-        fill_normal(ape, rng, 0.5f);
-        for (int64_t i = 0; i < B * N; ++i) {
-            tsm.set<int32_t>({i / N, i % N}, -1);
-            sm.set<int32_t>({i / N, i % N}, -1);
-            pos.set<int32_t>({i / N, i % N}, -1);
-        }
+        DecodeInputs in = make_decode_tensors(rng, B, N, P);
+        tsm = std::move(in.tail_slot_mapping), sm = std::move(in.slot_mapping), pos = std::move(in.positions);
+        key = std::move(in.key), score = std::move(in.slot_score), ape = std::move(in.ape);
     }
     void token(int64_t b, int64_t t, int32_t position, int32_t block, int32_t slot) {
         pos.set<int32_t>({b, t}, position);

@@ -165,14 +165,9 @@ struct DecodeInputs {
     HostTensor tail_slot_mapping, key, slot_score, ape, slot_mapping, positions;
 };
 
-// B requests x N tokens: each request has its own tail block and consecutive
-// positions; slot_mapping is set on the tokens that complete a pool. Request
-// 1 also carries slot_mapping on non-completing tokens (ignored) and -1 on a
-// completing one (no write); request 2 ends in padding; request 3 is all
-// padding (with stray non-negative slots that must be ignored); request 4
-// runs up to position INT32_MAX.
-inline DecodeInputs make_decode_inputs(std::mt19937 &rng, int64_t B, int64_t N, int P, int64_t ring,
-                                int64_t tail_blocks, int64_t cache_slots) {
+// The tensors of a decode batch of B requests x N tokens: random key, score
+// and ape, and every token padding (-1 in the three index maps).
+inline DecodeInputs make_decode_tensors(std::mt19937 &rng, int64_t B, int64_t N, int P) {
     DecodeInputs in;
     in.tail_slot_mapping = HostTensor(KPOOL_DTYPE_INT32, {B, N});
     in.slot_mapping = HostTensor(KPOOL_DTYPE_INT32, {B, N});
@@ -183,6 +178,21 @@ inline DecodeInputs make_decode_inputs(std::mt19937 &rng, int64_t B, int64_t N, 
     fill_normal(in.key, rng);
     fill_normal(in.slot_score, rng, 2.0f);
     fill_normal(in.ape, rng, 0.5f);
+    for (HostTensor *map : {&in.tail_slot_mapping, &in.slot_mapping, &in.positions}) {
+        for (int64_t i = 0; i < B * N; ++i) map->set<int32_t>({i / N, i % N}, -1);
+    }
+    return in;
+}
+
+// B requests x N tokens: each request has its own tail block and consecutive
+// positions; slot_mapping is set on the tokens that complete a pool. Request
+// 1 also carries slot_mapping on non-completing tokens (ignored) and -1 on a
+// completing one (no write); request 2 ends in padding; request 3 is all
+// padding (with stray non-negative slots that must be ignored); request 4
+// runs up to position INT32_MAX.
+inline DecodeInputs make_decode_inputs(std::mt19937 &rng, int64_t B, int64_t N, int P, int64_t ring,
+                                int64_t tail_blocks, int64_t cache_slots) {
+    DecodeInputs in = make_decode_tensors(rng, B, N, P);
     const std::vector<int64_t> blocks = distinct_slots(rng, tail_blocks, B);
     const std::vector<int64_t> locs = distinct_slots(rng, cache_slots, B * N);
     for (int64_t b = 0; b < B; ++b) {
