@@ -21,7 +21,8 @@ public:
         x(s.d, s.row) = bf16_to_f32(q(s.d, s.row));
         // Always a ue8m0 scale, so the quotient is the same in both
         // arithmetics (kpool_numerics.h): one kernel serves both.
-        s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, row_layout({get_target(), gpu}), Expr(true),
+        s.layout = row_layout({get_target(), gpu}, {RowKernel::Kind::Fwht});
+        s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, s.layout, Expr(true),
                                    PoolArithmetic{});
         quantized(s.d, s.row) = Tuple(s.rotate.quant.codes(s.d, s.row), s.rotate.quant.scale(s.d, s.row));
 

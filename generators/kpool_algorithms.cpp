@@ -72,7 +72,7 @@ Hadamard128 hadamard128(Func x, const Var &v, const Var &lane, const std::vector
     const int V = layout.values_per_lane, L = layout.lanes();
     Hadamard128 h;
     Func input{"hadamard_input"};
-    input(lane_args(v, lane, rows)) = x(with_first(lane * V + v, rows));
+    input(lane_args(v, lane, rows)) = x(with_first(layout.element(v, lane), rows));
     h.stages.push_back(input);
     for (int stride = 1; stride < kHeadDim; stride *= 2) {
         Func prev = h.stages.back();
@@ -83,11 +83,16 @@ Hadamard128 hadamard128(Func x, const Var &v, const Var &lane, const std::vector
         Expr self = prev(with_two(v, lane, rows));
         Expr other;
         Partner p;
-        if (stride < V) {
-            p = partner(v, stride, V, layout.partner_by_index);
+        // Which index holds bit `stride` of d: v's low bits, then lane's
+        // (or the other way round, interleaved).
+        const int low_extent = layout.interleaved ? L : V;
+        const bool in_lane = (stride < low_extent) != layout.interleaved;
+        const int bit = stride < low_extent ? stride : stride / low_extent;
+        if (in_lane) {
+            p = partner(v, bit, V, layout.partner_by_index);
             other = p.read([&](Expr i) { return prev(with_two(i, lane, rows)); });
         } else {
-            p = partner(lane, stride / V, L, layout.partner_by_index);
+            p = partner(lane, bit, L, layout.partner_by_index);
             other = p.read([&](Expr i) { return prev(with_two(v, i, rows)); });
         }
         stage(lane_args(v, lane, rows)) = other + select(p.low_side, 1.0f, -1.0f) * self;
@@ -122,14 +127,14 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
     q.lane_scale = Func{"lane_fp8_scale"};
     q.lane_scale(lane_args(lane, rows)) = fp8_scale(prev(with_first(lane, rows)), round_scale);
     q.scale = Func{"fp8_scale"};
-    q.scale(with_d(d, rows)) = q.lane_scale(with_first(d / V, rows));
+    q.scale(with_d(d, rows)) = q.lane_scale(with_first(layout.lane_of(d), rows));
     q.codes = Func{"e4m3_codes"};
     // x / scale is a true division: without round_scale the scale is no
     // power of two and the reference divides, it does not multiply. A
     // ue8m0 scale's exact reciprocal gives the same quotient (as it does
     // div.full.f32's: its reciprocal of a power of two is exact too).
-    Expr x_d = x(with_two(d % V, d / V, rows));
-    Expr scale = q.lane_scale(with_first(d / V, rows));
+    Expr x_d = x(with_two(layout.value_of(d), layout.lane_of(d), rows));
+    Expr scale = q.lane_scale(with_first(layout.lane_of(d), rows));
     Expr quotient = select(round_scale, x_d * ue8m0_reciprocal(scale), arith.divide(x_d, scale));
     Expr y = clamp(quotient, -kFp8Max, kFp8Max);
     q.codes(with_d(d, rows)) = e4m3_encode(y);

@@ -22,19 +22,28 @@ using Halide::Var;
 // Argument lists (d, rows...) and (rows...).
 std::vector<Var> with_d(const Var &d, const std::vector<Var> &rows);
 
-// How a 128-wide row is spread over lanes of parallel hardware: element
-// d = lane * values_per_lane + v. A lane owns values_per_lane consecutive
-// elements; butterflies of smaller stride stay inside a lane, larger ones
-// pair lanes (warp shuffles on a GPU, vector shifts on a CPU). The layout
-// changes no arithmetic: every element sees the same operations in the same
-// order. schedules/ chooses it per target.
+// How a 128-wide row is spread over lanes of parallel hardware: each of
+// lanes() lanes holds values_per_lane elements, either consecutive ones
+// (d = lane * values_per_lane + v) or, `interleaved`, every lanes()-th one
+// (d = v * lanes() + lane: the lanes' elements of one v side by side in
+// memory, so a GPU warp's loads and stores of each v are contiguous).
+// Butterflies whose stride is a bit of v stay inside a lane, the others pair
+// lanes (warp shuffles on a GPU, vector shifts on a CPU). The layout changes
+// no arithmetic: every element sees the same operations in the same order.
+// schedules/ chooses it per target.
 struct RowLayout {
     int values_per_lane = 1;
     // How a lane reads its butterfly partner i ^ bit: at one computed index
     // (one warp shuffle on a GPU), or as two affine reads i + bit and i - bit
     // of which a select keeps one (contiguous vector loads on a CPU).
     bool partner_by_index = false;
+    bool interleaved = false;
     int lanes() const { return kHeadDim / values_per_lane; }
+    Expr element(Expr v, Expr lane) const {
+        return interleaved ? v * lanes() + lane : lane * values_per_lane + v;
+    }
+    Expr lane_of(Expr d) const { return interleaved ? d % lanes() : d / values_per_lane; }
+    Expr value_of(Expr d) const { return interleaved ? d / lanes() : d % values_per_lane; }
 };
 
 // Hadamard-128 over d of x(d, rows...): seven butterfly stages, stride 1 to

@@ -45,10 +45,11 @@ protected:
         slot_k.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         slot_score.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
-        return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool},
-                             row_layout({this->get_target(), gpu}), round_scale,
-                             {parse_arithmetic(arithmetic, this->get_target()), rounding_barrier(slot_k.dim(2).stride()),
-                              exp_branches({this->get_target(), gpu})});
+        const BuildPlan plan{this->get_target(), gpu};
+        const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
+        s.layout = row_layout(plan, {RowKernel::Kind::Compress, arith});
+        return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
+                             {arith, rounding_barrier(slot_k.dim(2).stride()), exp_branches(plan)});
     }
 };
 

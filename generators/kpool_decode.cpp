@@ -98,11 +98,14 @@ public:
 
         // The latest earlier token of this request that stashed into the
         // same ring slot of the same block, or -1: what the ring holds now.
-        RDom earlier(0, next_n, "earlier");
+        // A walk over the earlier tokens in order, the last match kept.
+        RDom &earlier = s.earlier;
+        earlier = RDom(0, next_n, "earlier");
+        earlier.where(earlier < t);
         DecodeToken e = decode_token(positions_in, tail_slots_in, earlier, b, ring_math);
         Expr same_slot = e.stashes && e.block == tok.block && e.ring_pos == member_ring_pos;
-        s.ring_writer = Func{"ring_writer"};
-        s.ring_writer(s.j, t, b) = maximum(select(earlier < t && same_slot, earlier, -1));
+        s.ring_writer(s.j, t, b) = -1;
+        s.ring_writer(s.j, t, b) = select(same_slot, earlier, s.ring_writer(s.j, t, b));
 
         TailSlot at = clamp_tail_slot(tok.block, member_ring_pos, ring, tail.dim(3).extent());
         Expr writer = s.ring_writer(s.j, t, b);
@@ -116,10 +119,11 @@ public:
         Func member_key{"member_key"}, member_score{"member_score"};
         member_key(s.d, s.j, t, b) = member(key_in, 0);
         member_score(s.d, s.j, t, b) = member(score_in, 1);
-        s.compress = compress_pool(member_key, member_score, ape, P, s.d, s.j, s.v, s.lane, {t, b},
-                                   row_layout({get_target(), gpu}), round_scale,
-                                   {parse_arithmetic(arithmetic, get_target()), rounding_barrier(key.dim(2).stride()),
-                                    exp_branches({get_target(), gpu})});
+        const BuildPlan plan{get_target(), gpu};
+        const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
+        s.layout = row_layout(plan, {RowKernel::Kind::Decode, arith});
+        s.compress = compress_pool(member_key, member_score, ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
+                                   round_scale, {arith, rounding_barrier(key.dim(2).stride()), exp_branches(plan)});
 
         // A completion needs a tail block: with tail_slot < 0 the reference
         // would read block 0 (another request's); we write nothing and the

@@ -1,8 +1,10 @@
-// CUDA schedules. A row (fwht row, pool, decode token) is one warp: 32 lanes
-// x 4 consecutive elements, so the Hadamard's strides 1 and 2 stay in a
-// thread's registers and strides 4..64 and the absmax are warp shuffles;
-// nothing touches shared or heap memory, so every kernel is one launch and
-// CUDA-graph capturable. Large dimensions (rows, pools, tokens) go to grid x.
+// CUDA schedules. A row (fwht row, pool, decode token) is a group of lanes
+// of one warp, each holding V consecutive elements (the plan's V per kernel:
+// 32 lanes x 4 up to 8 lanes x 16), so the Hadamard's strides below V stay in
+// a thread's registers and larger strides and the absmax are warp shuffles
+// (within the row's lanes); nothing touches shared or heap memory, so every
+// kernel is one launch and CUDA-graph capturable. Large dimensions (rows,
+// pools, tokens) go to grid x.
 #include "cuda.h"
 
 #include <cstring>
@@ -22,20 +24,37 @@ void pure_stage_on_gpu(Func out) {
 // Tuned parameters per GPU family: data, not code.
 struct CudaPlan {
     const char *gpu;
-    int rows_per_block;     // warps per block in the row kernels
+    int row_threads;  // threads per block of the fwht and compress kernels
+    // Values per lane of a row (4, 8 or 16). More values per lane, fewer
+    // instructions per element (in-lane butterflies instead of shuffles, one
+    // index computation for more elements), more registers per lane.
+    int fwht_values;
+    // fwht's lanes interleaved (element v * lanes + lane): a warp's loads
+    // and stores of each v are contiguous. (The softmax kernels are not: a
+    // lane's pooled elements would be a strided range of d, which the
+    // pool's per-d stages, bounded per lane, cannot follow.)
+    bool fwht_interleaved;
+    int compress_values;         // exact arithmetic (slot loops kept)
+    int compress_triton_values;  // slot loops unrolled: P x V weights live
+    int decode_values;           // latency-bound: more lanes per token
+    // Decode unrolls its slot folds (a call is latency-bound) up to this many
+    // slots in the exact arithmetic (P = 16 unrolled spills), always in the
+    // triton one.
+    int decode_unrolled_exact_slots;
     int seed_warps_per_block;  // seed: warps per block (32 tokens each)
-    int decode_tokens_per_block;  // decode: tokens of a request per block (one warp each)
-    int expand_cols;        // expand: output columns per thread block
+    int decode_tokens_per_block;  // decode: tokens of a request per block
+    int expand_cols;           // expand: output columns per thread block
 };
 
-// sm80: A100-class, not measured here. sm90: H100/H200; on an H200
-// (docs/benchmarks.md, bench/run_on_gpu.sh, graph replay): fwht 1M rows
-// 340 us (reference 285), compress 262144 pools P=4 644 us (357), P=16
-// 1.96 ms (910), seed 262144 tokens 7.8 us (159), decode 512 x 4 tokens P=4
-// 23 us (3.3), expand+tail 4096 rows 23.6 us (43).
+// sm80: A100-class, not measured here. sm90: H100/H200, measured on an
+// H200 (docs/benchmarks.md, bench/run_on_gpu.sh). Static SASS instructions
+// per element (ptxas sm_90): fwht 82 at V=4, 50 at V=16 (1M rows: 345 ->
+// 308 us); compress P=4 exact 386 at V=4, 306 at V=8 (262144 pools:
+// 650 -> 600 us); triton 252 at V=4, 154 at V=16, yet 253 -> 374 us at
+// V=16 (127 registers), and P=16 spills from V=8 on.
 constexpr CudaPlan kPlans[] = {
-    {"sm80", 4, 8, 4, 256},
-    {"sm90", 4, 8, 4, 256},
+    {"sm80", 128, 16, true, 8, 4, 4, 8, 8, 4, 256},
+    {"sm90", 128, 16, true, 8, 4, 4, 8, 8, 4, 256},
 };
 
 const CudaPlan &plan_for(const BuildPlan &build) {
@@ -47,10 +66,10 @@ const CudaPlan &plan_for(const BuildPlan &build) {
     throw CompileError("no CUDA plan for gpu=" + build.gpu + " (known: sm80, sm90)");
 }
 
-constexpr int kValuesPerLane = 4;
+constexpr int kValuesPerLane = 4;  // of the seed and stash copies: 8 bytes per lane
 constexpr int kWarpSize = 32;
 
-// A per-row Func over (v, lane, rows...): one warp's registers.
+// A per-row Func over (v, lane, rows...): registers of the row's lanes.
 void in_warp_registers(Func f, const Var &v, const Var &lane, LoopLevel at) {
     f.compute_at(at).gpu_lanes(lane).unroll(v).store_in(MemoryType::Register);
 }
@@ -72,13 +91,21 @@ void compute_row_in_warp(RotateQuant &r, const Var &v, const Var &lane, LoopLeve
     in_warp_registers(r.quant.lane_scale, lane, at);
 }
 
-// A (codes, scale) output over (d, row): rows_per_block warps per block,
-// one row per warp, each lane storing its 4 elements.
-void rows_as_warps(Func out, const Var &d, const Var &row, const Var &v, const Var &lane, const CudaPlan &plan,
-                   Var &row_in_block) {
+// d as the layout's (lane, v).
+template <typename Stage>
+Stage &split_row(Stage &stage, const VarOrRVar &d, const VarOrRVar &lane, const VarOrRVar &v,
+                 const RowLayout &layout) {
+    return layout.interleaved ? stage.split(d, v, lane, layout.lanes())
+                              : stage.split(d, lane, v, layout.values_per_lane);
+}
+
+// A (codes, scale) output over (d, row): row_threads / lanes rows per block,
+// each lane storing its V elements.
+void rows_in_lanes(Func out, const Var &d, const Var &row, const Var &v, const Var &lane, const RowLayout &layout,
+                   const CudaPlan &plan, Var &row_in_block) {
     Var rb{"row_block"};
-    out.split(d, lane, v, kValuesPerLane)
-        .split(row, rb, row_in_block, plan.rows_per_block, TailStrategy::GuardWithIf)
+    split_row(out, d, lane, v, layout)
+        .split(row, rb, row_in_block, plan.row_threads / layout.lanes(), TailStrategy::GuardWithIf)
         .reorder(v, lane, row_in_block, rb)
         .gpu_blocks(rb)
         .gpu_threads(row_in_block)
@@ -88,31 +115,49 @@ void rows_as_warps(Func out, const Var &d, const Var &row, const Var &v, const V
 
 }  // namespace
 
-RowLayout row_layout() { return RowLayout{kValuesPerLane, /*partner_by_index=*/true}; }
+RowLayout row_layout(const BuildPlan &build, const RowKernel &kernel) {
+    const CudaPlan &plan = plan_for(build);
+    int values = plan.decode_values;
+    switch (kernel.kind) {
+    case RowKernel::Kind::Fwht:
+        values = plan.fwht_values;
+        break;
+    case RowKernel::Kind::Compress:
+        values = kernel.arithmetic == Arithmetic::Triton ? plan.compress_triton_values : plan.compress_values;
+        break;
+    case RowKernel::Kind::Decode:
+        break;
+    }
+    if (values != 4 && values != 8 && values != 16) {
+        throw CompileError("CUDA plan " + build.gpu + ": values per lane must be 4, 8 or 16");
+    }
+    const bool interleaved = kernel.kind == RowKernel::Kind::Fwht && plan.fwht_interleaved;
+    return RowLayout{values, /*partner_by_index=*/true, interleaved};
+}
 
 void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
     Var ri{"row_in_block"};
-    rows_as_warps(s.out, s.d, s.row, s.v, s.lane, plan_for(build), ri);
+    rows_in_lanes(s.out, s.d, s.row, s.v, s.lane, s.layout, plan_for(build), ri);
     compute_row_in_warp(s.rotate, s.v, s.lane, LoopLevel(s.out, ri));
 }
 
-// The softmax pool is elementwise in d: each lane pools its own 4 elements
-// into the pooled row that feeds the Hadamard input in registers. In the
-// exact arithmetic the two folds over the slots stay loops (the 4 elements
-// unrolled inside): fully unrolled, P x 4 exps, each with its branch to the
+// The softmax pool is elementwise in d: each lane pools its own V elements
+// into the pooled row that feeds the Hadamard input in registers. The two
+// folds over the slots are loops (the V elements unrolled inside) unless
+// `unroll_slots`: unrolled, every slot's loads are in flight at once, but
+// in compress's exact arithmetic P x V exps, each with its branch to the
 // exact path, overflow the instruction cache at P = 16 (H200, ncu: most
 // stalls were instruction fetch, compress of 262144 pools of 16 took 5.2 ms;
-// 2.1 ms as loops). The triton arithmetic's exp is one instruction: unrolled,
-// every slot's loads are in flight at once.
-void compute_pool_in_warp(CompressPool &c, const Var &d, const Var &v, const Var &lane, LoopLevel at) {
+// 2.1 ms as loops). The triton arithmetic's exp is one instruction.
+void compute_pool_in_warp(CompressPool &c, const RowLayout &layout, const Var &d, const Var &v, const Var &lane,
+                          LoopLevel at, bool unroll_slots) {
     c.pooled_bf16.compute_at(at)
-        .split(d, lane, v, kValuesPerLane)
+        .split(d, lane, v, layout.values_per_lane)
         .gpu_lanes(lane)
         .unroll(v)
         .store_in(MemoryType::Register);
     SoftmaxPool &p = c.pool;
     p.max_logit.compute_at(c.pooled_bf16, lane).unroll(d).store_in(MemoryType::Register);
-    const bool unroll_slots = p.arithmetic == Arithmetic::Triton;
     if (p.max_logit.has_update_definition()) {
         p.max_logit.update(0).reorder(d, p.later_slot).unroll(d);
         if (unroll_slots) {
@@ -137,20 +182,22 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
     // Duplicate locs are the caller's race, as in the reference (docs/).
     s.cache.update(0)
         .allow_race_conditions()
-        .split(s.write.x, lane, v, kValuesPerLane)
-        .split(s.write.y, pb, pi, plan.rows_per_block, TailStrategy::GuardWithIf)
+        .split(s.write.x, lane, v, s.layout.values_per_lane)
+        .split(s.write.y, pb, pi, plan.row_threads / s.layout.lanes(), TailStrategy::GuardWithIf)
         .reorder(v, lane, pi, pb)
         .gpu_blocks(pb)
         .gpu_threads(pi)
         .gpu_lanes(lane)
         .unroll(v);
-    compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.cache, pi));
+    compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, pi),
+                         s.compress.pool.arithmetic == Arithmetic::Triton);
 }
 
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) {
     Var pi{"pool_in_block"};
-    rows_as_warps(s.out, s.d, s.pool, s.v, s.lane, plan_for(build), pi);
-    compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.out, pi));
+    rows_in_lanes(s.out, s.d, s.pool, s.v, s.lane, s.layout, plan_for(build), pi);
+    compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi),
+                         s.compress.pool.arithmetic == Arithmetic::Triton);
 }
 
 int seed_group_size(const BuildPlan &build) { return plan_for(build).seed_warps_per_block; }
@@ -178,10 +225,10 @@ void schedule_seed_tail(SeedTailStages &s, const BuildPlan &build) {
     s.seeded.compute_at(s.tail, gb).split(s.token, ta, tl, kWarpSize).gpu_threads(tl, ta);
 }
 
-// One warp per token, a few tokens of one request per block (all next_n of
-// them would not launch past ~16 tokens at this kernel's register count);
-// completions read the ring as it was before the call (ring_writer), so
-// tokens need no ordering here.
+// One group of lanes per token (a warp at V = 4), a few tokens of one
+// request per block (all next_n of them would not launch past ~16 tokens at
+// this kernel's register count); completions read the ring as it was before
+// the call (ring_writer), so tokens need no ordering here.
 void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
     const CudaPlan &plan = plan_for(build);
     RVar lane{"write_lane"}, v{"write_v"}, tb{"token_block"}, ti{"token_in_block"};
@@ -189,7 +236,7 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
     pure_stage_on_gpu(s.cache);
     s.cache.update(0)
         .allow_race_conditions()
-        .split(s.write.x, lane, v, kValuesPerLane)
+        .split(s.write.x, lane, v, s.layout.values_per_lane)
         .split(token, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
         .reorder(v, lane, ti, tb, request)
         .gpu_blocks(request, tb)
@@ -197,8 +244,15 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
         .gpu_lanes(lane)
         .unroll(v)
         .specialize(s.ring_is_pow2);  // the ring walk by shifts and masks
+    // The walk over earlier tokens reads each token once for all P members.
     s.ring_writer.compute_at(s.compress.pooled_bf16, s.lane).unroll(s.j);
-    compute_pool_in_warp(s.compress, s.d, s.v, s.lane, LoopLevel(s.cache, ti));
+    s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
+    // A decode call is latency-bound: slot folds unrolled where registers
+    // allow, every member's loads in flight at once.
+    const int pool_size = *as_const_int(s.compress.pool.slot.x.extent());
+    const bool unroll_slots =
+        s.compress.pool.arithmetic == Arithmetic::Triton || pool_size <= plan.decode_unrolled_exact_slots;
+    compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, ti), unroll_slots);
 }
 
 // Every token of a request's block of tokens is a warp, each lane moving 4

@@ -6,8 +6,8 @@
 
 namespace kpool {
 
-RowLayout row_layout(const BuildPlan &plan) {
-    return plan.target.has_feature(Target::CUDA) ? cuda::row_layout() : cpu::row_layout();
+RowLayout row_layout(const BuildPlan &plan, const RowKernel &kernel) {
+    return plan.target.has_feature(Target::CUDA) ? cuda::row_layout(plan, kernel) : cpu::row_layout(plan, kernel);
 }
 
 int seed_group_size(const BuildPlan &plan) {

@@ -22,14 +22,25 @@ struct BuildPlan {
     std::string gpu;  // "", "sm80", "sm90"
 };
 
-// The row layout (lanes x values) each family's schedules are written for.
-RowLayout row_layout(const BuildPlan &plan);
+// The row kernel a layout is asked for: a family may spread rows over lanes
+// differently per kernel (more values per lane: fewer instructions per
+// element, more registers per lane).
+struct RowKernel {
+    enum class Kind { Fwht, Compress, Decode } kind;
+    Arithmetic arithmetic = Arithmetic::Exact;
+};
+
+// The row layout (lanes x values) a family's schedule of `kernel` is written
+// for. A generator builds its algorithm for it and keeps it in its stages,
+// where the schedule reads it back.
+RowLayout row_layout(const BuildPlan &plan, const RowKernel &kernel);
 // Whether exp's exact path is a branch taken only where needed (GPU threads)
 // rather than computed for every element and selected (vector CPU code).
 bool exp_branches(const BuildPlan &plan);
 
 struct FwhtStages {
     Var d{"d"}, row{"row"}, v{"v"}, lane{"lane"};
+    RowLayout layout;
     RotateQuant rotate;
     Func out;  // Tuple(codes, scale) over (d, row)
 };
@@ -38,12 +49,14 @@ struct FwhtStages {
 // update over `write`: (d, pool)) or returned as rows.
 struct CompressToCacheStages {
     Var d{"d"}, j{"j"}, pool{"pool"}, v{"v"}, lane{"lane"};
+    RowLayout layout;
     CompressPool compress;
     Func cache;
     RDom write;
 };
 struct CompressToRowsStages {
     Var d{"d"}, j{"j"}, pool{"pool"}, v{"v"}, lane{"lane"};
+    RowLayout layout;
     CompressPool compress;
     Func out;  // Tuple(codes, scale) over (d, pool)
 };
@@ -61,7 +74,9 @@ int seed_group_size(const BuildPlan &plan);
 // (d, token, request), then stashes into the ring.
 struct DecodeWriteStages {
     Var d{"d"}, j{"j"}, token{"token"}, request{"request"}, v{"v"}, lane{"lane"};
-    Func ring_writer;  // index of the token of this call that last stashed a ring slot
+    RowLayout layout;
+    Func ring_writer{"ring_writer"};  // (j, token, request): this call's token that last stashed member j's slot
+    RDom earlier;                     // ring_writer's walk over the request's earlier tokens
     CompressPool compress;
     Func cache;
     RDom write;
