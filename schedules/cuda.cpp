@@ -49,9 +49,11 @@ struct CudaPlan {
 // sm80: A100-class, not measured here. sm90: H100/H200, measured on an
 // H200 (docs/benchmarks.md, bench/run_on_gpu.sh). Static SASS instructions
 // per element (ptxas sm_90): fwht 82 at V=4, 50 at V=16 (1M rows: 345 ->
-// 308 us); compress P=4 exact 386 at V=4, 306 at V=8 (262144 pools:
-// 650 -> 600 us); triton 252 at V=4, 154 at V=16, yet 253 -> 374 us at
-// V=16 (127 registers), and P=16 spills from V=8 on.
+// 308 us, interleaved 281 us); compress P=4 exact 386 at V=4, 306 at V=8
+// (262144 pools: 650 -> 600 us). Tried and slower: compress triton at V=8
+// (P=4 253 -> 267 us; P=16 spills, 799 -> 1246 us) and V=16 (374 us),
+// interleaved (P=16 1222 us); decode exact P=16 unrolled (spills: 512 x 4
+// graph replay 20.0 -> 27.6 us).
 constexpr CudaPlan kPlans[] = {
     {"sm80", 128, 16, true, 8, 4, 4, 8, 8, 4, 256},
     {"sm90", 128, 16, true, 8, 4, 4, 8, 8, 4, 256},
