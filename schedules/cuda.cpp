@@ -93,20 +93,12 @@ void compute_row_in_warp(RotateQuant &r, const Var &v, const Var &lane, LoopLeve
     in_warp_registers(r.quant.lane_scale, lane, at);
 }
 
-// d as the layout's (lane, v).
-template <typename Stage>
-Stage &split_row(Stage &stage, const VarOrRVar &d, const VarOrRVar &lane, const VarOrRVar &v,
-                 const RowLayout &layout) {
-    return layout.interleaved ? stage.split(d, v, lane, layout.lanes())
-                              : stage.split(d, lane, v, layout.values_per_lane);
-}
-
 // A (codes, scale) output over (d, row): row_threads / lanes rows per block,
-// each lane storing its V elements.
+// each lane storing its V elements (d as the layout's (lane, v)).
 void rows_in_lanes(Func out, const Var &d, const Var &row, const Var &v, const Var &lane, const RowLayout &layout,
                    const CudaPlan &plan, Var &row_in_block) {
     Var rb{"row_block"};
-    split_row(out, d, lane, v, layout)
+    (layout.interleaved ? out.split(d, v, lane, layout.lanes()) : out.split(d, lane, v, layout.values_per_lane))
         .split(row, rb, row_in_block, plan.row_threads / layout.lanes(), TailStrategy::GuardWithIf)
         .reorder(v, lane, row_in_block, rb)
         .gpu_blocks(rb)
@@ -119,7 +111,7 @@ void rows_in_lanes(Func out, const Var &d, const Var &row, const Var &v, const V
 
 RowLayout row_layout(const BuildPlan &build, const RowKernel &kernel) {
     const CudaPlan &plan = plan_for(build);
-    int values = plan.decode_values;
+    int values = 0;
     switch (kernel.kind) {
     case RowKernel::Kind::Fwht:
         values = plan.fwht_values;
@@ -128,6 +120,7 @@ RowLayout row_layout(const BuildPlan &build, const RowKernel &kernel) {
         values = kernel.arithmetic == Arithmetic::Triton ? plan.compress_triton_values : plan.compress_values;
         break;
     case RowKernel::Kind::Decode:
+        values = plan.decode_values;
         break;
     }
     if (values != 4 && values != 8 && values != 16) {
