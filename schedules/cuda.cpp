@@ -53,7 +53,9 @@ struct CudaPlan {
 // (262144 pools: 650 -> 600 us). Tried and slower: compress triton at V=8
 // (P=4 253 -> 267 us; P=16 spills, 799 -> 1246 us) and V=16 (374 us),
 // interleaved (P=16 1222 us); decode exact P=16 unrolled (spills: 512 x 4
-// graph replay 20.0 -> 27.6 us).
+// graph replay 20.0 -> 27.6 us). Tried, no gain: an fwht variant for
+// 16-byte-aligned rows with vector loads and stores (non-interleaved, 8-byte
+// loads, 16-byte code stores): 281 -> 278 us.
 constexpr CudaPlan kPlans[] = {
     {"sm80", 128, 16, true, 8, 4, 4, 8, 8, 4, 256},
     {"sm90", 128, 16, true, 8, 4, 4, 8, 8, 4, 256},
