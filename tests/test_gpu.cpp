@@ -752,10 +752,11 @@ TEST_P(GpuFwht, RowsNotStarting16ByteAlignedMatchCpu) {
     Mirrored scale(gpu(), random_bytes_like(
                               rng, HostTensor(KPOOL_DTYPE_FLOAT32, scale_2d ? std::vector<int64_t>{rows, 1}
                                                                             : std::vector<int64_t>{rows})));
+    const int64_t view_rows = rows;  // (a structured binding cannot be captured in C++17)
     auto one_element_in = [&](const Mirrored &t, Side s, int64_t element_bytes) {
         kpool_tensor view = *t.on(s);
         view.data = static_cast<uint8_t *>(view.data) + element_bytes;
-        view.shape[0] = rows;
+        view.shape[0] = view_rows;
         return view;
     };
     run_both(
