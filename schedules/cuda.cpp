@@ -2,9 +2,10 @@
 // of one warp, each holding V consecutive elements (the plan's V per kernel:
 // 32 lanes x 4 up to 8 lanes x 16), so the Hadamard's strides below V stay in
 // a thread's registers and larger strides and the absmax are warp shuffles
-// (within the row's lanes); nothing touches shared or heap memory, so every
-// kernel is one launch and CUDA-graph capturable. Large dimensions (rows,
-// pools, tokens) go to grid x.
+// (within the row's lanes). Only decode's exact pool goes through shared
+// memory (an element per thread, then the row in one warp). Nothing touches
+// heap memory, so every kernel is one launch and CUDA-graph capturable.
+// Large dimensions (rows, pools, tokens) go to grid x.
 #include "cuda.h"
 
 #include <cstring>
@@ -37,9 +38,13 @@ struct CudaPlan {
     int compress_values;         // exact arithmetic (slot loops kept)
     int compress_triton_values;  // slot loops unrolled: P x V weights live
     int decode_values;           // latency-bound: more lanes per token
+    // Decode in the exact arithmetic pools each element of a completion on a
+    // thread of its own rather than V per lane: the f64 exps make the pool
+    // the longest chain. (The triton arithmetic's pool is short: there the
+    // barrier and the idle threads cost more than they save.)
+    bool decode_exact_pool_per_element;
     // Decode unrolls its slot folds (a call is latency-bound) up to this many
-    // slots in the exact arithmetic (P = 16 unrolled spills), always in the
-    // triton one.
+    // slots in the exact arithmetic, always in the triton one.
     int decode_unrolled_exact_slots;
     int seed_warps_per_block;  // seed: warps per block (32 tokens each)
     int decode_tokens_per_block;  // decode: tokens of a request per block
@@ -52,13 +57,17 @@ struct CudaPlan {
 // 308 us, interleaved 281 us); compress P=4 exact 386 at V=4, 306 at V=8
 // (262144 pools: 650 -> 600 us). Tried and slower: compress triton at V=8
 // (P=4 253 -> 267 us; P=16 spills, 799 -> 1246 us) and V=16 (374 us),
-// interleaved (P=16 1222 us); decode exact P=16 unrolled (spills: 512 x 4
-// graph replay 20.0 -> 27.6 us). Tried, no gain: an fwht variant for
-// 16-byte-aligned rows with vector loads and stores (non-interleaved, 8-byte
-// loads, 16-byte code stores): 281 -> 278 us.
+// interleaved (P=16 1222 us); decode exact P=16 unrolled in lanes (spills:
+// 512 x 4 graph replay 20.0 -> 27.6 us; per element it does not spill);
+// compress exact per element as decode's (4 pools of 128 threads a block):
+// 262144 pools P=4 600 -> 1193 us, P=16 1967 -> 3203 us (and 22 GPU tests
+// failed against the CPU; not pursued).
+// Tried, no gain: an fwht variant for 16-byte-aligned rows with vector loads
+// and stores (non-interleaved, 8-byte loads, 16-byte code stores): 281 ->
+// 278 us.
 constexpr CudaPlan kPlans[] = {
-    {"sm80", 128, 16, true, 8, 4, 4, 8, 8, 4, 256},
-    {"sm90", 128, 16, true, 8, 4, 4, 8, 8, 4, 256},
+    {"sm80", 128, 16, true, 8, 4, 4, true, 16, 8, 4, 256},
+    {"sm90", 128, 16, true, 8, 4, 4, true, 16, 8, 4, 256},
 };
 
 const CudaPlan &plan_for(const BuildPlan &build) {
@@ -222,25 +231,57 @@ void schedule_seed_tail(SeedTailStages &s, const BuildPlan &build) {
     s.seeded.compute_at(s.tail, gb).split(s.token, ta, tl, kWarpSize).gpu_threads(tl, ta);
 }
 
+// A block per token. The exact arithmetic's pool is the longest chain of a
+// completion (P slots of loads and f64 exps per element), so every element
+// of it is a thread (128, a warp per 32 elements), pooling into shared
+// memory; then the token's lanes (a warp at V = 4) rotate and quantize the
+// row as in compress. Halide skips both for a token whose write condition
+// is false, so the many tokens that complete nothing cost a few loads.
+void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan) {
+    RVar lane{"write_lane"}, v{"write_v"};
+    RVar token = s.write.y, request = s.write.z;
+    s.cache.update(0)
+        .split(s.write.x, lane, v, s.layout.values_per_lane)
+        .reorder(v, lane, token, request)
+        .gpu_blocks(token, request)
+        .gpu_lanes(lane)
+        .unroll(v);
+    CompressPool &c = s.compress;
+    Var dw{"d_warp"}, dl{"d_lane"}, warp{"pool_warp"};
+    c.pooled_bf16.compute_at(s.cache, token)
+        .store_in(MemoryType::GPUShared)
+        .split(s.d, dw, dl, kWarpSize)
+        .fuse(dw, s.token, warp)
+        .gpu_threads(dl, warp);
+    SoftmaxPool &p = c.pool;
+    p.max_logit.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
+    p.weighted_sum.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
+    if (*as_const_int(p.slot.x.extent()) <= plan.decode_unrolled_exact_slots) {
+        if (p.max_logit.has_update_definition()) {
+            p.max_logit.update(0).unroll(p.later_slot);
+        }
+        p.weighted_sum.update(0).unroll(p.slot);
+    }
+    p.weight.compute_at(p.weighted_sum, p.slot).store_in(MemoryType::Register);
+    s.ring_writer.compute_at(c.pooled_bf16, dl).unroll(s.j);
+    s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
+    compute_row_in_warp(c.rotate, s.v, s.lane, LoopLevel(s.cache, token));
+}
+
 // One group of lanes per token (a warp at V = 4), a few tokens of one
 // request per block (all next_n of them would not launch past ~16 tokens at
-// this kernel's register count); completions read the ring as it was before
-// the call (ring_writer), so tokens need no ordering here.
-void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
-    const CudaPlan &plan = plan_for(build);
+// this kernel's register count), each lane pooling its V elements.
+void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan) {
     RVar lane{"write_lane"}, v{"write_v"}, tb{"token_block"}, ti{"token_in_block"};
     RVar token = s.write.y, request = s.write.z;
-    pure_stage_on_gpu(s.cache);
     s.cache.update(0)
-        .allow_race_conditions()
         .split(s.write.x, lane, v, s.layout.values_per_lane)
         .split(token, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
         .reorder(v, lane, ti, tb, request)
         .gpu_blocks(request, tb)
         .gpu_threads(ti)
         .gpu_lanes(lane)
-        .unroll(v)
-        .specialize(s.ring_is_pow2);  // the ring walk by shifts and masks
+        .unroll(v);
     // The walk over earlier tokens reads each token once for all P members.
     s.ring_writer.compute_at(s.compress.pooled_bf16, s.lane).unroll(s.j);
     s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
@@ -250,6 +291,24 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
     const bool unroll_slots =
         s.compress.pool.arithmetic == Arithmetic::Triton || pool_size <= plan.decode_unrolled_exact_slots;
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, ti), unroll_slots);
+}
+
+// Completions read the ring as it was before the call (ring_writer), so
+// tokens need no ordering here. H200, 512 x 4 tokens, graph replay, exact
+// arithmetic: per element P = 4 9.3 -> 8.7 us, P = 16 22.0 -> 14.0 us; in
+// the triton arithmetic slower (P = 4 6.8 -> 7.9 us), and slower still as
+// a block per request walking its tokens (10.9 us kernel, ncu: a barrier
+// between every stage).
+void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
+    const CudaPlan &plan = plan_for(build);
+    pure_stage_on_gpu(s.cache);
+    s.cache.update(0).allow_race_conditions();
+    if (plan.decode_exact_pool_per_element && s.compress.pool.arithmetic == Arithmetic::Exact) {
+        pool_per_element(s, plan);
+    } else {
+        pool_in_lanes(s, plan);
+    }
+    s.cache.update(0).specialize(s.ring_is_pow2);  // the ring walk by shifts and masks
 }
 
 // Every token of a request's block of tokens is a warp, each lane moving 4
