@@ -44,7 +44,9 @@ struct CudaPlan {
     // barrier and the idle threads cost more than they save.)
     bool decode_exact_pool_per_element;
     // Decode unrolls its slot folds (a call is latency-bound) up to this many
-    // slots in the exact arithmetic, always in the triton one.
+    // slots in the exact arithmetic, always in the triton one. 16 fits an
+    // element per thread; with V elements per lane (exact pool not per
+    // element) P = 16 unrolled spills: 8 there.
     int decode_unrolled_exact_slots;
     int seed_warps_per_block;  // seed: warps per block (32 tokens each)
     int decode_tokens_per_block;  // decode: tokens of a request per block
