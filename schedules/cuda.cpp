@@ -233,6 +233,13 @@ void schedule_seed_tail(SeedTailStages &s, const BuildPlan &build) {
     s.seeded.compute_at(s.tail, gb).split(s.token, ta, tl, kWarpSize).gpu_threads(tl, ta);
 }
 
+// The walk over earlier tokens (ring_writer) at `at`, each earlier token
+// read once for all P members.
+void compute_ring_walk_at(DecodeWriteStages &s, LoopLevel at) {
+    s.ring_writer.compute_at(at).unroll(s.j);
+    s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
+}
+
 // A block per token. The exact arithmetic's pool is the longest chain of a
 // completion (P slots of loads and f64 exps per element), so every element
 // of it is a thread (128, a warp per 32 elements), pooling into shared
@@ -265,8 +272,7 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan) {
         p.weighted_sum.update(0).unroll(p.slot);
     }
     p.weight.compute_at(p.weighted_sum, p.slot).store_in(MemoryType::Register);
-    s.ring_writer.compute_at(c.pooled_bf16, dl).unroll(s.j);
-    s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
+    compute_ring_walk_at(s, LoopLevel(c.pooled_bf16, dl));
     compute_row_in_warp(c.rotate, s.v, s.lane, LoopLevel(s.cache, token));
 }
 
@@ -284,9 +290,7 @@ void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan) {
         .gpu_threads(ti)
         .gpu_lanes(lane)
         .unroll(v);
-    // The walk over earlier tokens reads each token once for all P members.
-    s.ring_writer.compute_at(s.compress.pooled_bf16, s.lane).unroll(s.j);
-    s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
+    compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane));
     // A decode call is latency-bound: slot folds unrolled where registers
     // allow, every member's loads in flight at once.
     const int pool_size = *as_const_int(s.compress.pool.slot.x.extent());
