@@ -5,7 +5,8 @@
 // (within the row's lanes). Only decode's exact pool goes through shared
 // memory (an element per thread, then the row in one warp). Nothing touches
 // heap memory, so every kernel is one launch and CUDA-graph capturable.
-// Large dimensions (rows, pools, tokens) go to grid x.
+// Large dimensions (rows, pools, tokens, decode's requests x token blocks fused)
+// go to grid x: grid y and z stop at 65535.
 #include "cuda.h"
 
 #include <cstring>
@@ -247,12 +248,13 @@ void compute_ring_walk_at(DecodeWriteStages &s, LoopLevel at) {
 // row as in compress. Halide skips both for a token whose write condition
 // is false, so the many tokens that complete nothing cost a few loads.
 void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan) {
-    RVar lane{"write_lane"}, v{"write_v"};
-    RVar token = s.write.y, request = s.write.z;
+    RVar lane{"write_lane"}, v{"write_v"}, tb{"token_block"}, token{"write_token"}, block{"request_token"};
     s.cache.update(0)
         .split(s.write.x, lane, v, s.layout.values_per_lane)
-        .reorder(v, lane, token, request)
-        .gpu_blocks(token, request)
+        .split(s.write.y, tb, token, 1)
+        .reorder(v, lane, token, tb, s.write.z)
+        .fuse(tb, s.write.z, block)
+        .gpu_blocks(block)
         .gpu_lanes(lane)
         .unroll(v);
     CompressPool &c = s.compress;
@@ -280,13 +282,13 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan) {
 // request per block (all next_n of them would not launch past ~16 tokens at
 // this kernel's register count), each lane pooling its V elements.
 void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan) {
-    RVar lane{"write_lane"}, v{"write_v"}, tb{"token_block"}, ti{"token_in_block"};
-    RVar token = s.write.y, request = s.write.z;
+    RVar lane{"write_lane"}, v{"write_v"}, tb{"token_block"}, ti{"token_in_block"}, block{"request_tokens"};
     s.cache.update(0)
         .split(s.write.x, lane, v, s.layout.values_per_lane)
-        .split(token, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
-        .reorder(v, lane, ti, tb, request)
-        .gpu_blocks(request, tb)
+        .split(s.write.y, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
+        .reorder(v, lane, ti, tb, s.write.z)
+        .fuse(tb, s.write.z, block)
+        .gpu_blocks(block)
         .gpu_threads(ti)
         .gpu_lanes(lane)
         .unroll(v);
@@ -323,14 +325,15 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
 // tokens need no order.
 void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &build) {
     const CudaPlan &plan = plan_for(build);
-    RVar lane{"stash_lane"}, v{"stash_v"}, tb{"stash_token_block"}, ti{"stash_token"};
+    RVar lane{"stash_lane"}, v{"stash_v"}, tb{"stash_token_block"}, ti{"stash_token"}, block{"stash_request_tokens"};
     pure_stage_on_gpu(s.tail);
     s.tail.update(0)
         .allow_race_conditions()
         .split(s.stash.x, lane, v, kValuesPerLane)
         .split(s.stash.z, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
         .reorder(v, s.stash.y, lane, ti, tb, s.stash[3])
-        .gpu_blocks(tb, s.stash[3])
+        .fuse(tb, s.stash[3], block)
+        .gpu_blocks(block)
         .gpu_threads(lane, ti)
         .unroll(s.stash.y)
         .vectorize(v)

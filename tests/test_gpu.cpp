@@ -973,6 +973,32 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecode,
                                     std::to_string(std::get<2>(info.param));
                          });
 
+// More requests than CUDA's grid y holds (65535): the decode kernels put
+// blocks of all requests' tokens in grid x, so this launches and matches.
+class GpuDecodeManyRequests : public GpuTest {};
+
+TEST_F(GpuDecodeManyRequests, MoreRequestsThanGridYHolds) {
+    const int P = kGpuPoolSizes[0], N = 2, block_size = 64;
+    const int64_t ring = 2 * P, B = 70000, tail_blocks = B + 4;
+    const int64_t num_blocks = (2 * B * N) / block_size + 2;
+    std::mt19937 rng(4242);
+    const HostTensor cache0 = random_bytes_like(rng, make_kv_cache(num_blocks, block_size, false));
+    HostTensor tail0 = make_tail_cache(tail_blocks, ring, false);
+    fill_normal(tail0, rng, 1.5f);
+    DecodeInputs in = make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size);
+    Mirrored cache(gpu(), cache0), tail(gpu(), tail0), tsm(gpu(), in.tail_slot_mapping), key(gpu(), in.key),
+        score(gpu(), in.slot_score), ape(gpu(), in.ape), sm(gpu(), in.slot_mapping), pos(gpu(), in.positions);
+    run_both(
+        [&](Side s, const kpool_exec *ex, kpool_status *st) {
+            return kpool_decode_update_and_maybe_write_cache_batched(cache.on(s), tail.on(s), tsm.on(s), key.on(s),
+                                                                     score.on(s), ape.on(s), sm.on(s), pos.on(s), P,
+                                                                     kD, true, ex, st);
+        },
+        {{"kv_cache", &cache}, {"tail_kv_cache", &tail}});
+    EXPECT_TRUE(tail.cpu().bytes() != tail0.bytes()) << "the test stashed nothing";
+    EXPECT_TRUE(cache.cpu().bytes() != cache0.bytes()) << "the test completed no pool";
+}
+
 // expand_pools_and_append_tail: P x pool id dtype x bound_pool_ids.
 using GpuExpandParam = std::tuple<int, kpool_dtype, bool>;
 class GpuExpandAndAppend : public GpuParamTest<GpuExpandParam> {};
