@@ -5,8 +5,10 @@
 # --profile) Nsight Compute on the large cases. Everything built here first:
 #
 #   bash scripts/kpool.sh build
-#   # carry build/libkpool.so build/tests/kpool_tests build/tools/kpool and a
-#   # copy of the reference module (KPOOL_REFERENCE_DIR) to the GPU machine:
+#   # the reference module is never part of the project: copy it into the
+#   # ignored .ref/ and carry that next to the build
+#   mkdir -p .ref && cp ../shared/reference/kpool_triton.py ../shared/anchors/bench_triton.py .ref/
+#   # carry build/libkpool.so build/tests/kpool_tests build/tools/kpool and .ref:
 #   KPOOL_REFERENCE_DIR=.ref bash bench/run_on_gpu.sh [--profile] [--quick]
 #
 # Logs and JSON go to $OUT (default ./gpu-out); the last lines printed are
