@@ -70,12 +70,13 @@ public:
         out(c, row) = select(c < topk, history, tail);
         seq_lens.dim(0).set_stride(Expr());
         stages.out = out;
+        stages.pool_size = pool_size;
     }
 
     void schedule() { schedule_expand(stages, {get_target(), gpu}); }
 
 private:
-    ExpandStages stages;
+    ExpandStages stages{ExpandStages::Kind::PoolsAndAppendTail};
 };
 
 class ExpandPoolsToTokens : public Generator<ExpandPoolsToTokens> {
@@ -103,12 +104,13 @@ public:
         page_table.dim(0).set_stride(Expr());    // 0 when absent
         topk_offsets.dim(0).set_stride(Expr());  // 0 when absent
         stages.out = out;
+        stages.pool_size = pool_size;
     }
 
     void schedule() { schedule_expand(stages, {get_target(), gpu}); }
 
 private:
-    ExpandStages stages;
+    ExpandStages stages{ExpandStages::Kind::PoolsToTokens};
 };
 
 class AppendTailToTopk : public Generator<AppendTailToTopk> {
@@ -140,12 +142,13 @@ public:
         page_table.dim(0).set_stride(Expr());    // 0 when absent
         topk_offsets.dim(0).set_stride(Expr());  // 0 when absent
         stages.out = out;
+        stages.pool_size = pool_size;
     }
 
     void schedule() { schedule_expand(stages, {get_target(), gpu}); }
 
 private:
-    ExpandStages stages;
+    ExpandStages stages{ExpandStages::Kind::AppendTail};
 };
 
 }  // namespace kpool

@@ -29,6 +29,9 @@ struct Driver {
     CUresult (*cuCtxPopCurrent)(void **);
     CUresult (*cuMemAlloc)(uint64_t *, size_t);
     CUresult (*cuMemcpyHtoD)(uint64_t, const void *, size_t);
+    CUresult (*cuMemcpyDtoHAsync)(void *, uint64_t, size_t, void *);
+    CUresult (*cuMemsetD32Async)(uint64_t, unsigned, size_t, void *);
+    CUresult (*cuStreamSynchronize)(void *);
     bool loaded = false;
 };
 
@@ -54,7 +57,10 @@ const Driver &driver() {
                    bind(lib, "cuDevicePrimaryCtxRetain", r.cuDevicePrimaryCtxRetain) &&
                    bind(lib, "cuCtxPushCurrent_v2", r.cuCtxPushCurrent) &&
                    bind(lib, "cuCtxPopCurrent_v2", r.cuCtxPopCurrent) && bind(lib, "cuMemAlloc_v2", r.cuMemAlloc) &&
-                   bind(lib, "cuMemcpyHtoD_v2", r.cuMemcpyHtoD) && r.cuInit(0) == 0;
+                   bind(lib, "cuMemcpyHtoD_v2", r.cuMemcpyHtoD) &&
+                   bind(lib, "cuMemcpyDtoHAsync_v2", r.cuMemcpyDtoHAsync) &&
+                   bind(lib, "cuMemsetD32Async", r.cuMemsetD32Async) &&
+                   bind(lib, "cuStreamSynchronize", r.cuStreamSynchronize) && r.cuInit(0) == 0;
         return r;
     }();
     return d;
@@ -125,13 +131,20 @@ CudaDevice init_device(int index, const char *arg) {
     return c;
 }
 
+// Read once: the devices a process sees are fixed when the driver starts
+// (CUDA_VISIBLE_DEVICES), and every device call asks.
+int device_count() {
+    static const int count = [] {
+        const Driver &d = driver();
+        int n = 0;
+        return d.loaded && d.cuDeviceGetCount(&n) == 0 ? n : 0;
+    }();
+    return count;
+}
+
 }  // namespace
 
-bool cuda_available() {
-    const Driver &d = driver();
-    int count = 0;
-    return d.loaded && d.cuDeviceGetCount(&count) == 0 && count > 0;
-}
+bool cuda_available() { return device_count() > 0; }
 
 const CudaDevice &cuda_device(int index, const char *arg) {
     static std::once_flag hooks;
@@ -140,8 +153,7 @@ const CudaDevice &cuda_device(int index, const char *arg) {
     if (!cuda_available()) {
         Failure(KPOOL_ERROR_DEVICE) << arg << " is on cuda:" << index << ", but no CUDA driver or device is present";
     }
-    int count = 0;
-    driver().cuDeviceGetCount(&count);
+    const int count = device_count();
     if (index < 0 || index >= count) {
         Failure(KPOOL_ERROR_INVALID_ARGUMENT) << arg << " is on cuda:" << index << ", but there are " << count
                                               << " CUDA devices";
@@ -155,6 +167,23 @@ const CudaDevice &cuda_device(int index, const char *arg) {
         devices[index] = std::make_unique<CudaDevice>(init_device(index, arg));
     }
     return *devices[index];
+}
+
+void take_index_errors(const CudaDevice &device, void *stream, int32_t *words, int32_t *out, int count) {
+    const Driver &d = driver();
+    const uint64_t dptr = reinterpret_cast<uint64_t>(words);
+    const size_t bytes = sizeof(int32_t) * static_cast<size_t>(count);
+    d.cuCtxPushCurrent(device.primary_context);
+    const CUresult copied = d.cuMemcpyDtoHAsync(out, dptr, bytes, stream);
+    const CUresult cleared = copied == 0 ? d.cuMemsetD32Async(dptr, 0, static_cast<size_t>(count), stream) : copied;
+    const CUresult synced = cleared == 0 ? d.cuStreamSynchronize(stream) : cleared;
+    void *popped = nullptr;
+    d.cuCtxPopCurrent(&popped);
+    if (synced != 0) {
+        Failure(KPOOL_ERROR_DEVICE) << "exec->index_errors = " << static_cast<const void *>(words)
+                                    << " could not be read on cuda:" << device.index << " (CUDA error " << synced
+                                    << ")";
+    }
 }
 
 }  // namespace kpool::rt

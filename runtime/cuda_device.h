@@ -37,4 +37,8 @@ bool cuda_available();
 // ArgumentError naming `arg` when there is no such device.
 const CudaDevice &cuda_device(int index, const char *arg);
 
+// Copies `count` index-error words from device memory into `out` and zeroes
+// them, on `stream`, and waits for both.
+void take_index_errors(const CudaDevice &device, void *stream, int32_t *words, int32_t *out, int count);
+
 }  // namespace kpool::rt

@@ -19,6 +19,7 @@ enum class Kernel {
     EXPAND_POOLS_AND_APPEND_TAIL,
     EXPAND_POOLS_TO_TOKENS,
     APPEND_TAIL_TO_TOPK,
+    INDEX_CHECK,
 };
 
 using AnyKernel = void (*)();

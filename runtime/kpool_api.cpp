@@ -158,6 +158,25 @@ HalideBuffer wrap_vector(const TensorArg &a) {
 
 const char *index_type(const TensorArg &a) { return a.t->dtype == KPOOL_DTYPE_INT64 ? "int64" : "int32"; }
 
+// A device call's kernels skip every write whose index is >= limit; when the
+// caller passed exec->index_errors, this marks `arg`'s word if any entry of
+// `index` (those `mask` enables, or all) is. One small kernel on the call's
+// stream, before the op's own.
+void mark_index_errors(const Placement &where, kpool_index_arg arg, const TensorArg &index, int64_t limit,
+                       const TensorArg *mask) {
+    if (where.index_errors() == nullptr || index.numel() == 0) {
+        return;
+    }
+    HalideBuffer entries = wrap(index);
+    if (entries.dimensions() == 1) {
+        entries = entries.embedded(1, 0);
+    }
+    HalideBuffer enabled = mask ? where.attach(wrap(*mask)) : where.all_true(entries.dim(0).extent());
+    HalideBuffer word = where.words(where.index_errors() + arg, 1);
+    where.launch(Kernel::INDEX_CHECK, index.name, 0, index_type(index), where.attach(entries).raw_buffer(),
+                 enabled.raw_buffer(), limit, word.raw_buffer());
+}
+
 // Optional page table [rows, W >= 1] or offsets [rows] / [rows, 1], not both.
 // The optional tensors, validated; the buffers are made by bind().
 struct TokenMapArgs {
@@ -377,6 +396,9 @@ kpool_status_code kpool_compress_and_write_cache(
         if (write_cache && where.on_host()) {
             require_locs_in_cache(loc, kv_cache, mask);
         }
+        if (write_cache) {
+            mark_index_errors(where, KPOOL_INDEX_LOC, loc, kv_cache.dim(0) * kv_cache.dim(1), mask);
+        }
         if (n == 0) {
             return 0;
         }
@@ -429,6 +451,7 @@ kpool_status_code kpool_seed_tail_cache(const kpool_tensor *tail_kv_cache_, cons
         if (where.on_host()) {
             require_tslots_in_tail(tslot, tail);
         }
+        mark_index_errors(where, KPOOL_INDEX_TSLOT, tslot, tail.dim(0) * tail.dim(2), nullptr);
         if (key.dim(0) == 0 || tail.numel() == 0) {
             return 0;  // nothing to seed, or no block to seed into (every tslot is a sentinel)
         }
@@ -473,6 +496,8 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
             require_locs_in_cache(slots, kv_cache, nullptr);
             require_tslots_in_tail(tail_slots, tail);
         }
+        mark_index_errors(where, KPOOL_INDEX_SLOT_MAPPING, slots, kv_cache.dim(0) * kv_cache.dim(1), nullptr);
+        mark_index_errors(where, KPOOL_INDEX_TAIL_SLOT_MAPPING, tail_slots, tail.dim(0) * tail.dim(2), nullptr);
         for (int64_t i = 0; where.on_host() && i < key.dim(0) * key.dim(1); i++) {
             int64_t pos = index_at(positions, i);
             skipped += index_at(slots, i) >= 0 && pos >= 0 && pos % pool_size == pool_size - 1 &&
@@ -595,6 +620,32 @@ kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result_, co
         where.launch(Kernel::APPEND_TAIL_TO_TOPK, "append_tail_to_topk", 0, "none", t.raw_buffer(), history_cols,
                      where.attach(s).raw_buffer(), where.attach(p).raw_buffer(), table.raw_buffer(),
                      offsets.raw_buffer(), int32_t(map.mode), int32_t(pool_size), where.attach(o).raw_buffer());
+        return 0;
+    });
+}
+
+kpool_status_code kpool_check_index_errors(int32_t device_index, const kpool_exec *exec, kpool_status *status) {
+    return run(status, [&]() -> int64_t {
+        if (exec == nullptr || exec->index_errors == nullptr) {
+            invalid() << (exec == nullptr ? "exec" : "exec->index_errors") << " is NULL: there are no words to read";
+        }
+        if (reinterpret_cast<uintptr_t>(exec->index_errors) % alignof(int32_t) != 0) {
+            invalid() << "exec->index_errors = " << static_cast<const void *>(exec->index_errors)
+                      << " is not 4-byte aligned (int32 words)";
+        }
+        int32_t words[KPOOL_INDEX_ARGS] = {};
+        take_index_errors(cuda_device(device_index, "exec->index_errors"), exec->stream, exec->index_errors, words,
+                          KPOOL_INDEX_ARGS);
+        static const char *const kNames[KPOOL_INDEX_ARGS] = {"loc", "tslot", "slot_mapping", "tail_slot_mapping"};
+        std::string marked;
+        for (int i = 0; i < KPOOL_INDEX_ARGS; i++) {
+            if (words[i] != 0) {
+                marked += (marked.empty() ? "" : ", ") + std::string(kNames[i]);
+            }
+        }
+        if (!marked.empty()) {
+            out_of_range() << "device calls since the last check skipped writes at out-of-range indices of: " << marked;
+        }
         return 0;
     });
 }

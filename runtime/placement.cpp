@@ -25,6 +25,11 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
                           << " is not a kpool_arithmetic (KPOOL_ARITHMETIC_EXACT or KPOOL_ARITHMETIC_TRITON)";
         }
     }
+    if (exec != nullptr && exec->index_errors != nullptr &&
+        reinterpret_cast<uintptr_t>(exec->index_errors) % alignof(int32_t) != 0) {
+        invalid() << "exec->index_errors = " << static_cast<const void *>(exec->index_errors)
+                  << " is not 4-byte aligned (int32 words)";
+    }
     require_same_device(args);
     const TensorArg *first = *args.begin();
     if (first->t->device == KPOOL_DEVICE_CUDA) {
@@ -37,6 +42,7 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
         }
         cuda_ = &cuda_device(first->t->device_index, first->name);
         call_ = {cuda_->primary_context, exec != nullptr ? exec->stream : nullptr};
+        index_errors_ = exec != nullptr ? exec->index_errors : nullptr;
     }
 }
 
@@ -65,6 +71,12 @@ HalideBuffer Placement::constant(size_t offset, halide_type_t type, std::vector<
         base = static_cast<const uint8_t *>(cuda_->constants);
     }
     HalideBuffer b(type, const_cast<uint8_t *>(base + offset), static_cast<int>(dims.size()), dims.data());
+    return attach(b);
+}
+
+HalideBuffer Placement::words(int32_t *data, int count) const {
+    halide_dimension_t dim(0, count, 1);
+    HalideBuffer b(halide_type_of<int32_t>(), data, 1, &dim);
     return attach(b);
 }
 

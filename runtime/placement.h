@@ -20,11 +20,17 @@ public:
     // exist on CUDA only (checked before anything runs, empty calls too).
     void require_pool_arithmetic() const;
     const char *family() const { return cuda_ ? cuda_->family : "cpu"; }
+    // exec->index_errors on a device call: where out-of-range indices are
+    // marked; NULL on the host (which rejects them) or when not asked for.
+    int32_t *index_errors() const { return cuda_ ? index_errors_ : nullptr; }
 
     // A buffer wrapping caller memory, moved to the device side on CUDA
     // (the pointer is a device pointer: wrapped, never copied).
     HalideBuffer &attach(HalideBuffer &buffer) const;
     HalideBuffer attach(HalideBuffer &&buffer) const { return attach(buffer); }
+
+    // `count` int32 words of device (or, on the host, host) memory at `data`.
+    HalideBuffer words(int32_t *data, int count) const;
 
     // Stride-0 constants standing in for absent optional inputs, in memory
     // the kernel can read: 1 (uint8), 0 (int32, 2-D), 0 (int64).
@@ -54,6 +60,7 @@ private:
     const CudaDevice *cuda_ = nullptr;
     CudaCall call_{};
     const char *arithmetic_ = "exact";
+    int32_t *index_errors_ = nullptr;
 };
 
 }  // namespace kpool::rt

@@ -52,6 +52,7 @@ struct CudaPlan {
     int seed_warps_per_block;  // seed: warps per block (32 tokens each)
     int decode_tokens_per_block;  // decode: tokens of a request per block
     int expand_cols;           // expand: output columns per thread block
+    int expand_and_append_cols;  // the same for expand_pools_and_append_tail
 };
 
 // sm80: A100-class, not measured here. sm90: H100/H200, measured on an
@@ -69,8 +70,8 @@ struct CudaPlan {
 // and stores (non-interleaved, 8-byte loads, 16-byte code stores): 281 ->
 // 278 us.
 constexpr CudaPlan kPlans[] = {
-    {"sm80", 128, 16, true, 8, 4, 4, true, 16, 8, 4, 256},
-    {"sm90", 128, 16, true, 8, 4, 4, true, 16, 8, 4, 256},
+    {"sm80", 128, 16, true, 8, 4, 4, true, 16, 8, 4, 256, 1024},
+    {"sm90", 128, 16, true, 8, 4, 4, true, 16, 8, 4, 256, 1024},
 };
 
 const CudaPlan &plan_for(const BuildPlan &build) {
@@ -341,16 +342,35 @@ void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &build) {
     s.overwritten.compute_at(s.tail, lane);  // each thread its token's
 }
 
-// Rows in grid x; each thread writes 4 consecutive int32 (16 bytes).
+// Rows in grid x (a prefill's rows pass grid y's 65535), column blocks in
+// y; each thread writes 4 consecutive int32 (16 bytes). Specialized for the
+// engines' pool sizes: the column's pool and offset by constant shifts.
 void schedule_expand(ExpandStages &s, const BuildPlan &build) {
     const CudaPlan &plan = plan_for(build);
+    const int cols = s.kind == ExpandStages::Kind::PoolsAndAppendTail ? plan.expand_and_append_cols : plan.expand_cols;
     Var cb{"col_block"}, ci{"col_in_block"}, ct{"col_thread"}, cv{"col_v"};
-    s.out.split(s.col, cb, ci, plan.expand_cols, TailStrategy::GuardWithIf)
+    s.out.split(s.col, cb, ci, cols, TailStrategy::GuardWithIf)
         .split(ci, ct, cv, 4, TailStrategy::GuardWithIf)
-        .reorder(cv, ct, cb, s.row)
+        .reorder(cv, ct, s.row, cb)
         .gpu_blocks(s.row, cb)
         .gpu_threads(ct)
         .vectorize(cv);
+    for (int P : {4, 8, 16}) {
+        s.out.specialize(s.pool_size == P);
+    }
+}
+
+// One thread per entry, blocks of 256 over the flattened entries in grid x:
+// the writers all store the same word (the algorithm), so they race freely.
+void schedule_index_check(IndexCheckStages &s, const BuildPlan &) {
+    RVar entry{"entry"}, block{"entry_block"}, thread{"entry_thread"};
+    pure_stage_on_gpu(s.mark);
+    s.mark.update(0)
+        .allow_race_conditions()
+        .fuse(s.entry.x, s.entry.y, entry)
+        .split(entry, block, thread, 256, TailStrategy::GuardWithIf)
+        .gpu_blocks(block)
+        .gpu_threads(thread);
 }
 
 }  // namespace kpool::cuda

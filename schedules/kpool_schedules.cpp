@@ -34,6 +34,7 @@ KPOOL_DISPATCH(schedule_seed_tail, SeedTailStages)
 KPOOL_DISPATCH(schedule_decode_write, DecodeWriteStages)
 KPOOL_DISPATCH(schedule_decode_stash, DecodeStashStages)
 KPOOL_DISPATCH(schedule_expand, ExpandStages)
+KPOOL_DISPATCH(schedule_index_check, IndexCheckStages)
 
 // The probe is a test of the shared numerics on the host only.
 void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan) {

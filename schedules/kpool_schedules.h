@@ -91,8 +91,16 @@ struct DecodeStashStages {
 
 // The expand family: one int32 output over (col, row).
 struct ExpandStages {
+    enum class Kind { PoolsAndAppendTail, PoolsToTokens, AppendTail } kind;
     Var col{"col"}, row{"row"};
     Func out;
+    Expr pool_size;  // P, a power of two: a schedule may specialize on the common ones
+};
+
+// The index check: one word marked over the entries of an index input.
+struct IndexCheckStages {
+    Func mark;
+    RDom entry;  // (i, row) of the index input
 };
 
 struct NumericsProbeStages {
@@ -108,6 +116,7 @@ void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan);
 void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan);
 void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan);
 void schedule_expand(ExpandStages &s, const BuildPlan &plan);
+void schedule_index_check(IndexCheckStages &s, const BuildPlan &plan);
 void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan);
 
 }  // namespace kpool

@@ -17,6 +17,7 @@
 namespace kpool_test {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::AnyOfArray;
 using ::testing::HasSubstr;
 using ::testing::Matcher;
@@ -1050,6 +1051,45 @@ TEST(WritesOnlyTargets, Seed) {
     kpool_status st{};
     ASSERT_EQ(c.run(&st), KPOOL_OK) << st.message;
     EXPECT_TRUE(only_targets_changed(c.tail, targeted));
+}
+
+// ---------------------------------------------------------------------------
+// exec->index_errors (device calls mark out-of-range indices there; the
+// kernel itself: test_index_check.cpp, on the GPU: GpuBadIndex)
+// ---------------------------------------------------------------------------
+
+// On the host an out-of-range index is rejected before anything runs, as
+// without the words, and the words (host memory here) are never touched.
+TEST(BadInputIndexErrors, HostCallsStillRejectAndLeaveTheWordsAlone) {
+    CompressCall c;
+    int32_t words[KPOOL_INDEX_ARGS] = {7, 7, 7, 7};
+    c.exec.index_errors = words;
+    c.loc.set<int64_t>({4}, c.slots());
+    c.check({"loc[4]"}, KPOOL_ERROR_OUT_OF_RANGE);
+    for (int i = 0; i < KPOOL_INDEX_ARGS; ++i) EXPECT_EQ(words[i], 7) << "word " << i;
+}
+
+TEST(BadInputIndexErrors, MisalignedWordsAreRejected) {
+    alignas(8) uint8_t raw[4 * KPOOL_INDEX_ARGS + 8] = {};
+    CompressCall c;
+    c.exec.index_errors = reinterpret_cast<int32_t *>(raw + 2);
+    c.check({"exec->index_errors"}, KPOOL_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(BadInputIndexErrors, CheckNeedsWordsAndADevice) {
+    kpool_status st{};
+    expect_rejected(kpool_check_index_errors(0, nullptr, &st), st, {"exec"}, KPOOL_ERROR_INVALID_ARGUMENT);
+    kpool_exec ex{nullptr};
+    expect_rejected(kpool_check_index_errors(0, &ex, &st), st, {"exec->index_errors"}, KPOOL_ERROR_INVALID_ARGUMENT);
+    alignas(8) int32_t words[KPOOL_INDEX_ARGS + 1] = {};
+    ex.index_errors = reinterpret_cast<int32_t *>(reinterpret_cast<uint8_t *>(words) + 1);
+    expect_rejected(kpool_check_index_errors(0, &ex, &st), st, {"exec->index_errors"}, KPOOL_ERROR_INVALID_ARGUMENT);
+    // No such device (no driver here, or not device -1 there): named, and
+    // nothing is read.
+    ex.index_errors = words;
+    const kpool_status_code rc = kpool_check_index_errors(-1, &ex, &st);
+    expect_rejected(rc, st, {"exec->index_errors"});
+    EXPECT_THAT(int(rc), AnyOf(int(KPOOL_ERROR_DEVICE), int(KPOOL_ERROR_INVALID_ARGUMENT)));
 }
 
 TEST(WritesOnlyTargets, Decode) {

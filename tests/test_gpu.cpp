@@ -63,6 +63,9 @@ using ::testing::ValuesIn;
 
 // The pool sizes with a CUDA compress / decode variant (KPOOL_CUDA_POOL_SIZES).
 const int kGpuPoolSizes[] = {4, 8, 16};
+// The expand ops take P at run time, specialized for 4, 8 and 16 on CUDA:
+// both the specializations and the general kernel.
+const int kGpuExpandPoolSizes[] = {1, 2, 4, 8, 16, 32};
 
 #define ASSERT_KPOOL_OK(expr, status)                                                   \
     do {                                                                                \
@@ -1018,7 +1021,7 @@ TEST_P(GpuExpandAndAppend, MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuExpandAndAppend,
-                         Combine(ValuesIn(kGpuPoolSizes), Values(KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64),
+                         Combine(ValuesIn(kGpuExpandPoolSizes), Values(KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64),
                                  Values(false, true)),
                          [](const auto &info) {
                              return "P" + std::to_string(std::get<0>(info.param)) + "_" +
@@ -1049,7 +1052,7 @@ TEST_P(GpuExpandToTokens, MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuExpandToTokens,
-                         Combine(ValuesIn(kGpuPoolSizes), Values(KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64),
+                         Combine(ValuesIn(kGpuExpandPoolSizes), Values(KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64),
                                  Values(TokenMap::kNone, TokenMap::kPageTable, TokenMap::kOffsets1d,
                                         TokenMap::kOffsets2d)),
                          [](const auto &info) {
@@ -1081,12 +1084,39 @@ TEST_P(GpuAppendTail, MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuAppendTail,
-                         Combine(ValuesIn(kGpuPoolSizes), Values(TokenMap::kNone, TokenMap::kPageTable,
+                         Combine(ValuesIn(kGpuExpandPoolSizes), Values(TokenMap::kNone, TokenMap::kPageTable,
                                                                  TokenMap::kOffsets1d, TokenMap::kOffsets2d)),
                          [](const auto &info) {
                              return "P" + std::to_string(std::get<0>(info.param)) + "_" +
                                     map_tag(std::get<1>(info.param));
                          });
+
+// More rows than grid y holds (65535; a prefill's query rows): rows are in
+// grid x, every row is written.
+class GpuExpandManyRows : public GpuTest {};
+
+TEST_F(GpuExpandManyRows, MoreRowsThanGridYHolds) {
+    const int P = 4;
+    const int64_t rows = 70000, G = 3;
+    std::mt19937 rng(8500);
+    ExpandInputs in = make_expand_inputs(rng, P, KPOOL_DTYPE_INT32, rows, G);
+    Mirrored ids(gpu(), in.pool_ids), seq(gpu(), in.seq_lens),
+        out(gpu(), random_bytes_like(rng, HostTensor(KPOOL_DTYPE_INT32, {rows, G * P + P - 1})));
+    run_both(
+        [&](Side s, const kpool_exec *ex, kpool_status *st) {
+            return kpool_expand_pools_and_append_tail(ids.on(s), seq.on(s), out.on(s), P, 0, ex, st);
+        },
+        {{"out", &out}});
+    AppendInputs a = make_append_inputs(rng, P, rows, 2 * P);
+    Mirrored topk(gpu(), a.topk), aseq(gpu(), a.seq_lens), pools(gpu(), a.pool_lens),
+        aout(gpu(), random_bytes_like(rng, HostTensor(KPOOL_DTYPE_INT32, {rows, 3 * P - 1})));
+    run_both(
+        [&](Side s, const kpool_exec *ex, kpool_status *st) {
+            return kpool_append_tail_to_topk(topk.on(s), aseq.on(s), pools.on(s), nullptr, nullptr, aout.on(s), P,
+                                             ex, st);
+        },
+        {{"out", &aout}});
+}
 
 // Empty batches on the device: nothing is launched, nothing written.
 class GpuEmpty : public GpuTest {};
@@ -1137,6 +1167,48 @@ void upload_all(const std::vector<Mirrored *> &ts, const cu::Stream &s) {
 
 void download_all(const std::vector<std::pair<const char *, Mirrored *>> &ts, const cu::Stream &s) {
     for (const auto &entry : ts) entry.second->download_async(s);
+}
+
+// KPOOL_INDEX_ARGS zeroed words of device memory for exec->index_errors.
+class IndexWords {
+public:
+    explicit IndexWords(Device &gpu) : words_(gpu, std::vector<uint8_t>(4 * KPOOL_INDEX_ARGS, 0)) {}
+    int32_t *data() const {
+        return static_cast<int32_t *>(words_.contiguous(KPOOL_DTYPE_INT32, {KPOOL_INDEX_ARGS}).data);
+    }
+    kpool_exec exec(void *stream = nullptr) const { return kpool_exec{stream, KPOOL_ARITHMETIC_EXACT, data()}; }
+    // The words as the device holds them (synchronous, legacy stream).
+    std::vector<int32_t> read() {
+        words_.download();
+        std::vector<int32_t> w(KPOOL_INDEX_ARGS);
+        std::memcpy(w.data(), words_.host().data(), sizeof(int32_t) * KPOOL_INDEX_ARGS);
+        return w;
+    }
+    // kpool_check_index_errors reports exactly `marked` (none: OK), naming
+    // each, and zeroes the words: a second check finds none.
+    void expect_check_reports(std::vector<std::string> marked) {
+        const kpool_exec ex = exec();
+        kpool_status st{};
+        const kpool_status_code rc = kpool_check_index_errors(0, &ex, &st);
+        if (marked.empty()) {
+            EXPECT_EQ(rc, KPOOL_OK) << st.message;
+        } else {
+            EXPECT_EQ(rc, KPOOL_ERROR_OUT_OF_RANGE) << st.message;
+            for (const std::string &name : marked) EXPECT_THAT(std::string(st.message), HasSubstr(name));
+        }
+        EXPECT_EQ(read(), std::vector<int32_t>(KPOOL_INDEX_ARGS, 0)) << "the check zeroes the words";
+        kpool_status again{};
+        EXPECT_EQ(kpool_check_index_errors(0, &ex, &again), KPOOL_OK) << again.message;
+    }
+
+private:
+    DeviceBuffer words_;
+};
+
+std::vector<int32_t> marked_only(kpool_index_arg arg) {
+    std::vector<int32_t> w(KPOOL_INDEX_ARGS, 0);
+    w[arg] = 1;
+    return w;
 }
 
 class GpuGraph : public GpuTest {
@@ -1217,13 +1289,19 @@ TEST_F(GpuGraph, DecodeReplaysOnFreshInputs) {
         tsm.assign(in.tail_slot_mapping), key.assign(in.key), score.assign(in.slot_score), ape.assign(in.ape),
             sm.assign(in.slot_mapping), pos.assign(in.positions);
     };
+    // With index_errors: the index checks are captured too (and, the
+    // inputs being valid, mark nothing).
+    IndexWords words(gpu());
     capture_and_replay(
         [&](Side s, const kpool_exec *ex, kpool_status *st) {
+            kpool_exec checked = *ex;
+            checked.index_errors = words.data();
             return kpool_decode_update_and_maybe_write_cache_batched(cache.on(s), tail.on(s), tsm.on(s),
                                                                      key.on(s), score.on(s), ape.on(s),
-                                                                     sm.on(s), pos.on(s), P, kD, 1, ex, st);
+                                                                     sm.on(s), pos.on(s), P, kD, 1, &checked, st);
         },
         t, refresh, rng);
+    EXPECT_EQ(words.read(), std::vector<int32_t>(KPOOL_INDEX_ARGS, 0));
 }
 
 TEST_F(GpuGraph, CompressReplaysOnFreshInputs) {
@@ -1453,6 +1531,7 @@ TEST_F(GpuThreads, EightStreamsStressMatchesCpu) { run_streams(8, 200, {4, 8, 16
 // rejected: that is what makes them out of range.
 class GpuBadIndex : public GpuParamTest<int> {};
 
+
 TEST_P(GpuBadIndex, CompressLocPastTheCacheWritesNothing) {
     const int P = GetParam();
     std::mt19937 rng(1300 + P);
@@ -1494,12 +1573,15 @@ TEST_P(GpuBadIndex, CompressLocPastTheCacheWritesNothing) {
             EXPECT_THAT(std::string(st.message), HasSubstr("loc[3]"));
         }
         kpool_status gs{};
-        const kpool_exec gex{nullptr};
+        IndexWords words(gpu());
+        const kpool_exec gex = words.exec();
         ASSERT_KPOOL_OK(kpool_compress_and_write_cache(
                             cache.on(Side::Gpu), k.on(Side::Gpu), score.on(Side::Gpu), ape.on(Side::Gpu),
                             loc.on(Side::Gpu), nullptr, ret ? ck.on(Side::Gpu) : nullptr,
                             ret ? cs.on(Side::Gpu) : nullptr, P, kD, 1, 1, &gex, &gs),
                         gs);
+        EXPECT_EQ(words.read(), marked_only(KPOOL_INDEX_LOC));
+        words.expect_check_reports({"loc"});
         // Expected: the same call with the bad pools as "no write".
         loc.assign_cpu(good_loc);
         kpool_status st{};
@@ -1556,10 +1638,13 @@ TEST_P(GpuBadIndex, SeedTslotPastTheTailWritesNothing) {
             EXPECT_THAT(std::string(st.message), HasSubstr("tslot[" + std::to_string(first_bad) + "]"));
         }
         kpool_status gs{};
-        const kpool_exec gex{nullptr};
+        IndexWords words(gpu());
+        const kpool_exec gex = words.exec();
         ASSERT_KPOOL_OK(kpool_seed_tail_cache(tail.on(Side::Gpu), key.on(Side::Gpu), gate.on(Side::Gpu),
                                               tslot.on(Side::Gpu), P, kD, &gex, &gs),
                         gs);
+        EXPECT_EQ(words.read(), marked_only(KPOOL_INDEX_TSLOT));
+        words.expect_check_reports({"tslot"});
         tslot.assign_cpu(good_tslot);
         kpool_status st{};
         const kpool_exec ex{nullptr};
@@ -1622,8 +1707,9 @@ TEST_P(GpuBadIndex, DecodeSlotPastTheCacheAndTailPastTheRingWriteNothing) {
     SCOPED_TRACE("bad entries:" + trace.str());
     Mirrored cache(gpu(), cache0), tail(gpu(), tail0), tsm(gpu(), in.tail_slot_mapping), key(gpu(), in.key),
         score(gpu(), in.slot_score), ape(gpu(), in.ape), sm(gpu(), in.slot_mapping), pos(gpu(), in.positions);
+    IndexWords words(gpu());
     auto call = [&](Side s, kpool_tensor *cache_override, kpool_tensor *tail_override, kpool_status *st) {
-        const kpool_exec ex{nullptr};
+        const kpool_exec ex = words.exec();
         return kpool_decode_update_and_maybe_write_cache_batched(
             cache_override ? cache_override : cache.on(s), tail_override ? tail_override : tail.on(s),
             tsm.on(s), key.on(s), score.on(s), ape.on(s), sm.on(s), pos.on(s), P, kD, 1, &ex, st);
@@ -1637,6 +1723,10 @@ TEST_P(GpuBadIndex, DecodeSlotPastTheCacheAndTailPastTheRingWriteNothing) {
     }
     kpool_status gs{};
     ASSERT_KPOOL_OK(call(Side::Gpu, nullptr, nullptr, &gs), gs);
+    std::vector<int32_t> both = marked_only(KPOOL_INDEX_SLOT_MAPPING);
+    both[KPOOL_INDEX_TAIL_SLOT_MAPPING] = 1;
+    EXPECT_EQ(words.read(), both);
+    words.expect_check_reports({"slot_mapping", "tail_slot_mapping"});
     tsm.assign_cpu(good_tsm);
     sm.assign_cpu(good_sm);
     kpool_status st{};
@@ -1647,6 +1737,39 @@ TEST_P(GpuBadIndex, DecodeSlotPastTheCacheAndTailPastTheRingWriteNothing) {
     // The good requests did write: the comparison is not of two no-ops.
     EXPECT_TRUE(cache.cpu().bytes() != cache0.bytes());
     EXPECT_TRUE(tail.cpu().bytes() != tail0.bytes());
+}
+
+// Valid calls of every checked op mark nothing.
+TEST_P(GpuBadIndex, InRangeCallsMarkNothing) {
+    const int P = GetParam();
+    std::mt19937 rng(1600 + P);
+    const int64_t ring = P, tail_blocks = 6, block_size = 16, num_blocks = 8, slots = num_blocks * block_size;
+    IndexWords words(gpu());
+    const kpool_exec ex = words.exec();
+    CompressInputs c = make_compress_inputs(rng, 12, P, KPOOL_DTYPE_BFLOAT16, slots);
+    Mirrored cache(gpu(), random_bytes_like(rng, make_kv_cache(num_blocks, block_size, true))),
+        k(gpu(), c.slot_k), score(gpu(), c.slot_score), ape(gpu(), c.ape), loc(gpu(), c.loc);
+    kpool_status st{};
+    ASSERT_KPOOL_OK(kpool_compress_and_write_cache(cache.on(Side::Gpu), k.on(Side::Gpu), score.on(Side::Gpu),
+                                                   ape.on(Side::Gpu), loc.on(Side::Gpu), nullptr, nullptr,
+                                                   nullptr, P, kD, 1, 1, &ex, &st),
+                    st);
+    SeedInputs seed = make_seed_inputs(rng, P, ring, KPOOL_DTYPE_INT64, tail_blocks);
+    Mirrored tail(gpu(), make_tail_cache(tail_blocks, ring, true)), skey(gpu(), seed.key),
+        gate(gpu(), seed.gate_score), tslot(gpu(), seed.tslot);
+    ASSERT_KPOOL_OK(kpool_seed_tail_cache(tail.on(Side::Gpu), skey.on(Side::Gpu), gate.on(Side::Gpu),
+                                          tslot.on(Side::Gpu), P, kD, &ex, &st),
+                    st);
+    DecodeInputs d = make_decode_inputs(rng, 3, 2, P, ring, tail_blocks, slots);
+    Mirrored tsm(gpu(), d.tail_slot_mapping), dkey(gpu(), d.key), dscore(gpu(), d.slot_score),
+        dape(gpu(), d.ape), sm(gpu(), d.slot_mapping), pos(gpu(), d.positions);
+    ASSERT_KPOOL_OK(kpool_decode_update_and_maybe_write_cache_batched(
+                        cache.on(Side::Gpu), tail.on(Side::Gpu), tsm.on(Side::Gpu), dkey.on(Side::Gpu),
+                        dscore.on(Side::Gpu), dape.on(Side::Gpu), sm.on(Side::Gpu), pos.on(Side::Gpu), P, kD, 1,
+                        &ex, &st),
+                    st);
+    EXPECT_EQ(words.read(), std::vector<int32_t>(KPOOL_INDEX_ARGS, 0));
+    words.expect_check_reports({});
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuBadIndex, ValuesIn(kGpuPoolSizes),

@@ -92,8 +92,14 @@ public:
         name_ = name;
         check(d.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
         check(d.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+        const int32_t zeros[KPOOL_INDEX_ARGS] = {};
+        index_errors_ = static_cast<int32_t *>(allocate(sizeof zeros));
+        upload(index_errors_, zeros, sizeof zeros);
     }
-    ~CudaDevice() override { driver().cuDevicePrimaryCtxRelease(device_); }
+    ~CudaDevice() override {
+        release(index_errors_);
+        driver().cuDevicePrimaryCtxRelease(device_);
+    }
 
     kpool_device_type type() const override { return KPOOL_DEVICE_CUDA; }
     int32_t index() const override { return index_; }
@@ -122,8 +128,9 @@ public:
               "cuMemcpyDtoH");
     }
     void synchronize() override { check(driver().cuCtxSynchronize(), "cuCtxSynchronize"); }
-    // The legacy default stream, which the synchronous copies above also use.
-    kpool_exec exec() const override { return kpool_exec{nullptr}; }
+    // The legacy default stream, which the synchronous copies above also use,
+    // and words that mark out-of-range indices (kpool_check_index_errors).
+    kpool_exec exec() const override { return kpool_exec{nullptr, KPOOL_ARITHMETIC_EXACT, index_errors_}; }
 
 private:
     static CUdeviceptr to_device_pointer(const void *data) {
@@ -134,6 +141,7 @@ private:
     CUdevice device_ = 0;
     CUcontext context_ = nullptr;
     std::string name_;
+    int32_t *index_errors_ = nullptr;
 };
 
 }  // namespace

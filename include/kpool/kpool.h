@@ -79,12 +79,36 @@ typedef enum kpool_arithmetic {
     KPOOL_ARITHMETIC_TRITON = 1
 } kpool_arithmetic;
 
+/* The write-index arguments a device call checks in its kernels, each the
+ * index of its word in kpool_exec.index_errors. */
+typedef enum kpool_index_arg {
+    KPOOL_INDEX_LOC = 0,               /* compress: loc (write-masked-out pools aside) */
+    KPOOL_INDEX_TSLOT = 1,             /* seed: tslot */
+    KPOOL_INDEX_SLOT_MAPPING = 2,      /* decode: slot_mapping */
+    KPOOL_INDEX_TAIL_SLOT_MAPPING = 3, /* decode: tail_slot_mapping */
+    KPOOL_INDEX_ARGS = 4
+} kpool_index_arg;
+
 /* Per-call execution options. `stream` is a CUstream / cudaStream_t for CUDA
  * tensors (NULL = the legacy default stream) and ignored on the CPU. A NULL
- * exec means the legacy default stream and KPOOL_ARITHMETIC_EXACT. */
+ * exec means the legacy default stream, KPOOL_ARITHMETIC_EXACT and no
+ * index_errors.
+ *
+ * index_errors (optional): KPOOL_INDEX_ARGS int32 words in device memory on
+ * the tensors' device, zeroed by the caller (or kpool_check_index_errors).
+ * Host calls reject an out-of-range index before anything runs. A device
+ * call cannot (its indices are in device memory): its kernels skip every
+ * write whose index lies outside the tensor, and with index_errors set the
+ * call also sets word kpool_index_arg to 1 for each argument that had such
+ * an index (a non-negative loc, tslot, slot_mapping or tail_slot_mapping
+ * outside its cache), on the call's stream: no copy and no synchronization,
+ * so calls stay CUDA-graph capturable. Words are only ever set, so calls on
+ * several streams may share them. Read them with kpool_check_index_errors,
+ * or directly. */
 typedef struct kpool_exec {
     void *stream;
     int32_t arithmetic; /* a kpool_arithmetic; other values are rejected */
+    int32_t *index_errors;
 } kpool_exec;
 
 /* Names of codes and dtypes, for messages. */
@@ -167,6 +191,13 @@ kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result,
                                             const kpool_tensor *topk_offsets,
                                             const kpool_tensor *out, int32_t pool_size,
                                             const kpool_exec *exec, kpool_status *status);
+
+/* Reads exec->index_errors back from CUDA device `device_index` (on
+ * exec->stream, which it synchronizes), zeroes the words, and returns KPOOL_OK
+ * when none was set, else KPOOL_ERROR_OUT_OF_RANGE with a message naming
+ * every argument that had an out-of-range index since the last check. */
+kpool_status_code kpool_check_index_errors(int32_t device_index, const kpool_exec *exec,
+                                           kpool_status *status);
 
 /* topk / P, the number of pools to select; rejects topk % P != 0. */
 kpool_status_code kpool_history_group_budget_for_topk(int64_t topk, int32_t pool_size,

@@ -25,11 +25,14 @@ private:
 struct Exec {
     void *stream = nullptr;  // CUstream for CUDA tensors
     kpool_arithmetic arithmetic = KPOOL_ARITHMETIC_EXACT;  // kpool.h
+    int32_t *index_errors = nullptr;  // KPOOL_INDEX_ARGS device words, or none (kpool.h)
 };
 
 namespace detail {
 
 inline const kpool_tensor *ptr(const std::optional<Tensor> &t) { return t ? &*t : nullptr; }
+
+inline kpool_exec c_exec(const Exec &e) { return kpool_exec{e.stream, e.arithmetic, e.index_errors}; }
 
 inline kpool_status check(kpool_status_code code, const kpool_status &s) {
     if (code != KPOOL_OK) {
@@ -42,7 +45,7 @@ inline kpool_status check(kpool_status_code code, const kpool_status &s) {
 
 inline void fwht128_quant_fp8(const Tensor &q, const Tensor &q_fp8, const Tensor &q_scale, Exec exec = {}) {
     kpool_status s;
-    kpool_exec e{exec.stream, exec.arithmetic};
+    const kpool_exec e = detail::c_exec(exec);
     detail::check(kpool_fwht128_quant_fp8(&q, &q_fp8, &q_scale, &e, &s), s);
 }
 
@@ -57,7 +60,7 @@ inline void compress_and_write_cache(const std::optional<Tensor> &kv_cache, cons
                                      const Tensor &slot_score, const Tensor &ape, const Tensor &loc,
                                      int pool_size, const CompressOptions &opt = {}, Exec exec = {}) {
     kpool_status s;
-    kpool_exec e{exec.stream, exec.arithmetic};
+    const kpool_exec e = detail::c_exec(exec);
     detail::check(kpool_compress_and_write_cache(detail::ptr(kv_cache), &slot_k, &slot_score, &ape, &loc,
                                                  detail::ptr(opt.write_mask), detail::ptr(opt.compressed_k),
                                                  detail::ptr(opt.compressed_scale), pool_size, KPOOL_HEAD_DIM,
@@ -68,7 +71,7 @@ inline void compress_and_write_cache(const std::optional<Tensor> &kv_cache, cons
 inline void seed_tail_cache(const Tensor &tail_kv_cache, const Tensor &key, const Tensor &gate_score,
                             const Tensor &tslot, int pool_size, Exec exec = {}) {
     kpool_status s;
-    kpool_exec e{exec.stream, exec.arithmetic};
+    const kpool_exec e = detail::c_exec(exec);
     detail::check(kpool_seed_tail_cache(&tail_kv_cache, &key, &gate_score, &tslot, pool_size, KPOOL_HEAD_DIM,
                                         &e, &s),
                   s);
@@ -82,7 +85,7 @@ inline int64_t decode_update_and_maybe_write_cache_batched(const Tensor &kv_cach
                                                            int pool_size, bool round_scale = true,
                                                            Exec exec = {}) {
     kpool_status s;
-    kpool_exec e{exec.stream, exec.arithmetic};
+    const kpool_exec e = detail::c_exec(exec);
     return detail::check(kpool_decode_update_and_maybe_write_cache_batched(
                              &kv_cache, &tail_kv_cache, &tail_slot_mapping, &key, &slot_score, &ape,
                              &slot_mapping, &positions, pool_size, KPOOL_HEAD_DIM, round_scale, &e, &s),
@@ -93,7 +96,7 @@ inline int64_t decode_update_and_maybe_write_cache_batched(const Tensor &kv_cach
 inline void expand_pools_and_append_tail(const Tensor &pool_ids, const Tensor &seq_lens, const Tensor &out,
                                          int pool_size, bool bound_pool_ids = false, Exec exec = {}) {
     kpool_status s;
-    kpool_exec e{exec.stream, exec.arithmetic};
+    const kpool_exec e = detail::c_exec(exec);
     detail::check(kpool_expand_pools_and_append_tail(&pool_ids, &seq_lens, &out, pool_size, bound_pool_ids, &e, &s),
                   s);
 }
@@ -102,7 +105,7 @@ inline void expand_pools_to_tokens(const Tensor &group_ids, const Tensor &group_
                                    int pool_size, const std::optional<Tensor> &page_table = {},
                                    const std::optional<Tensor> &topk_offsets = {}, Exec exec = {}) {
     kpool_status s;
-    kpool_exec e{exec.stream, exec.arithmetic};
+    const kpool_exec e = detail::c_exec(exec);
     detail::check(kpool_expand_pools_to_tokens(&group_ids, &group_valid, detail::ptr(page_table),
                                                detail::ptr(topk_offsets), &out, topk, pool_size, &e, &s),
                   s);
@@ -112,10 +115,18 @@ inline void append_tail_to_topk(const Tensor &topk_result, const Tensor &seq_len
                                 const Tensor &out, int pool_size, const std::optional<Tensor> &page_table = {},
                                 const std::optional<Tensor> &topk_offsets = {}, Exec exec = {}) {
     kpool_status s;
-    kpool_exec e{exec.stream, exec.arithmetic};
+    const kpool_exec e = detail::c_exec(exec);
     detail::check(kpool_append_tail_to_topk(&topk_result, &seq_lens, &pool_lens, detail::ptr(page_table),
                                             detail::ptr(topk_offsets), &out, pool_size, &e, &s),
                   s);
+}
+
+// Throws (code KPOOL_ERROR_OUT_OF_RANGE, naming the arguments) when a device
+// call since the last check marked exec.index_errors; zeroes the words.
+inline void check_index_errors(int device_index, Exec exec) {
+    kpool_status s;
+    const kpool_exec e = detail::c_exec(exec);
+    detail::check(kpool_check_index_errors(device_index, &e, &s), s);
 }
 
 inline int64_t history_group_budget_for_topk(int64_t topk, int pool_size) {

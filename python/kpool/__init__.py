@@ -25,7 +25,7 @@ from ._lib import (
     library_path,
     version,
 )
-from ._tensors import get_arithmetic, set_arithmetic
+from ._tensors import check_index_errors, get_arithmetic, set_arithmetic, set_index_errors
 from .ops import (
     INDEX_HEAD_DIM,
     append_tail_to_topk,
@@ -55,8 +55,10 @@ __all__ = [
     "KpoolRuntimeError",
     "KpoolTypeError",
     "KpoolValueError",
+    "check_index_errors",
     "get_arithmetic",
     "library_path",
     "set_arithmetic",
+    "set_index_errors",
     "version",
 ]

@@ -77,11 +77,16 @@ KPOOL_ARITHMETIC_TRITON = 1
 ARITHMETICS = {"exact": KPOOL_ARITHMETIC_EXACT, "triton": KPOOL_ARITHMETIC_TRITON}
 
 
-class KpoolExec(ctypes.Structure):
-    """kpool_exec: the CUDA stream of the call (NULL: legacy default stream)
-    and the softmax pool's arithmetic (kpool_arithmetic)."""
+# kpool_index_arg: the words of kpool_exec.index_errors, in order.
+INDEX_ARGS = ("loc", "tslot", "slot_mapping", "tail_slot_mapping")
 
-    _fields_ = [("stream", ctypes.c_void_p), ("arithmetic", ctypes.c_int32)]
+
+class KpoolExec(ctypes.Structure):
+    """kpool_exec: the CUDA stream of the call (NULL: legacy default stream),
+    the softmax pool's arithmetic (kpool_arithmetic) and the device words
+    that mark out-of-range indices (NULL: none)."""
+
+    _fields_ = [("stream", ctypes.c_void_p), ("arithmetic", ctypes.c_int32), ("index_errors", ctypes.c_void_p)]
 
 
 # The C layout, written out by hand from kpool.h; a mismatch is a bug here.
@@ -89,7 +94,7 @@ assert ctypes.sizeof(KpoolTensor) == 88 and KpoolTensor.shape.offset == 16
 assert KpoolTensor.strides.offset == 48 and KpoolTensor.device.offset == 80
 assert ctypes.sizeof(KpoolStatus) == 16 + KPOOL_MESSAGE_SIZE
 assert KpoolStatus.skipped_completions.offset == 8 and KpoolStatus.message.offset == 16
-assert ctypes.sizeof(KpoolExec) == 2 * ctypes.sizeof(ctypes.c_void_p) and KpoolExec.arithmetic.offset == 8
+assert ctypes.sizeof(KpoolExec) == 24 and KpoolExec.arithmetic.offset == 8 and KpoolExec.index_errors.offset == 16
 
 _T = ctypes.POINTER(KpoolTensor)
 _S = ctypes.POINTER(KpoolStatus)
@@ -113,6 +118,7 @@ PROTOTYPES = {
     "kpool_expand_pools_and_append_tail": (_code, [_T, _T, _T, _i32, _i32, _E, _S]),
     "kpool_expand_pools_to_tokens": (_code, [_T, _T, _T, _T, _T, _i32, _i32, _E, _S]),
     "kpool_append_tail_to_topk": (_code, [_T, _T, _T, _T, _T, _T, _i32, _E, _S]),
+    "kpool_check_index_errors": (_code, [_i32, _E, _S]),
     "kpool_history_group_budget_for_topk": (_code, [ctypes.c_int64, _i32, ctypes.POINTER(ctypes.c_int64),
                                                     _S]),
 }

@@ -230,6 +230,44 @@ def get_arithmetic() -> str:
 set_arithmetic(os.environ.get("KPOOL_ARITHMETIC", "exact"))
 
 
+# The words CUDA calls mark out-of-range indices in (kpool.h,
+# kpool_exec.index_errors): a torch int32 tensor, or None. Process-wide, like
+# the arithmetic.
+_index_errors = [None]
+
+
+def set_index_errors(words):
+    """Later calls on CUDA tensors of ``words``' device mark each index
+    argument that had an out-of-range entry (its writes are skipped) in
+    ``words``: a zeroed torch int32 CUDA tensor of 4 elements (loc, tslot,
+    slot_mapping, tail_slot_mapping), on the current stream, without a
+    synchronization (graph capturable). None stops it. Returns the previous
+    tensor. ``check_index_errors()`` reads and zeroes them."""
+    if words is not None:
+        torch = _torch_of(words)
+        if (torch is None or not words.is_cuda or words.dtype != torch.int32 or words.numel() != len(_lib.INDEX_ARGS)
+                or not words.is_contiguous()):
+            raise KpoolTypeError(f"index_errors must be a contiguous torch int32 CUDA tensor of "
+                                 f"{len(_lib.INDEX_ARGS)} elements ({', '.join(_lib.INDEX_ARGS)})")
+    previous, _index_errors[0] = _index_errors[0], words
+    return previous
+
+
+def check_index_errors() -> None:
+    """Raises KpoolIndexRangeError naming every argument that had an
+    out-of-range index in a CUDA call since the last check, and zeroes the
+    words (this synchronizes the current stream). Needs set_index_errors()."""
+    words = _index_errors[0]
+    if words is None:
+        raise KpoolValueError("check_index_errors: no index_errors words were set (kpool.set_index_errors)")
+    e = KpoolExec()
+    e.stream = _current_stream(words.device.index)
+    e.index_errors = words.data_ptr()
+    status = new_status()
+    _lib.check(_lib.load().kpool_check_index_errors(words.device.index, ctypes.byref(e), ctypes.byref(status)),
+               status)
+
+
 def _current_stream(device_index: int) -> int:
     global _raw_stream
     if _raw_stream is None:
@@ -338,6 +376,9 @@ class Call:
         e.arithmetic = _lib.ARITHMETICS[_arithmetic[0]]
         if self.cuda_index is not None:
             e.stream = _current_stream(self.cuda_index)
+            words = _index_errors[0]
+            if words is not None and words.device.index == self.cuda_index:
+                e.index_errors = words.data_ptr()
         self.keep.append(e)
         return ctypes.byref(e)
 

@@ -665,3 +665,11 @@ def test_bench_help_and_helpers_without_torch():
     pos, ts, sm = kt.decode_meta([3, 6], 2, 4, 4, [1, 2], iter(range(100)))
     assert pos == [[3, 4], [6, 7]] and ts == [[7, 4], [10, 11]] and sm == [[0, -1], [-1, 1]]
     assert kt.decode_bytes(pos, ts, sm, 4) == 4 * (2 * 256 + 12) + 2 * 3 * 512 + 4 * 128 * 4 + 4 * 512 + 2 * 132
+
+
+def test_index_errors_words_are_cuda_int32_tensors():
+    with pytest.raises(kpool.KpoolTypeError, match="index_errors"):
+        kpool.set_index_errors(np.zeros(4, np.int32))
+    assert kpool.set_index_errors(None) is None
+    with pytest.raises(kpool.KpoolValueError, match="set_index_errors"):
+        kpool.check_index_errors()

@@ -487,3 +487,30 @@ def test_engine_loop(P, ring):
         except AssertionError as e:
             failures.append(f"{test}: {e}")
     assert not failures, "; ".join(failures)
+
+
+@pytest.mark.skipif(MODE == "cpu", reason="only CUDA calls mark index_errors (host calls reject the index)")
+def test_index_errors_mark_out_of_range_slots():
+    P, ring, B, N = 4, 4, 2, 4
+    cache = torch.zeros((2, PAGE, D + 4), dtype=torch.uint8, device=DEV)
+    tail = torch.randn((B, 2, ring, D), device=DEV).to(torch.bfloat16)
+    key = torch.randn((B, N, D), device=DEV).to(torch.bfloat16)
+    score = torch.randn((B, N, D), device=DEV).to(torch.bfloat16)
+    ape = torch.randn((P, D), device=DEV)
+    positions = torch.arange(N, dtype=torch.int32, device=DEV).repeat(B, 1)
+    tail_slots = (torch.arange(B, dtype=torch.int32, device=DEV)[:, None] * ring + positions % ring).int()
+    slots = torch.full((B, N), -1, dtype=torch.int32, device=DEV)
+    slots[0, P - 1], slots[1, P - 1] = 5, 2 * PAGE  # request 1 completes into a slot past the cache
+    words = torch.zeros(4, dtype=torch.int32, device=DEV)
+    previous = kpool.set_index_errors(words)
+    try:
+        kpool.kpool_decode_update_and_maybe_write_cache_batched(cache, tail, tail_slots, key, score, ape, slots,
+                                                                positions, P)
+        assert words.tolist() == [0, 0, 1, 0]  # slot_mapping alone
+        assert cache[0].any() and not cache[1:].any()  # slot 5 written, nothing past it
+        with pytest.raises(kpool.KpoolIndexRangeError, match="slot_mapping"):
+            kpool.check_index_errors()
+        assert words.tolist() == [0, 0, 0, 0]
+        kpool.check_index_errors()  # zeroed: nothing to report
+    finally:
+        kpool.set_index_errors(previous)
