@@ -169,6 +169,54 @@ const CudaDevice &cuda_device(int index, const char *arg) {
     return *devices[index];
 }
 
+void *device_scratch(const CudaDevice &device, size_t bytes) {
+    static std::mutex mutex;
+    static std::vector<void *> scratch;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (scratch.size() <= static_cast<size_t>(device.index)) {
+        scratch.resize(device.index + 1, nullptr);
+    }
+    if (scratch[device.index] == nullptr) {
+        const Driver &d = driver();
+        const std::vector<uint8_t> zeros(bytes, 0);
+        uint64_t dptr = 0;
+        d.cuCtxPushCurrent(device.primary_context);
+        const bool ok = d.cuMemAlloc(&dptr, bytes) == 0 && d.cuMemcpyHtoD(dptr, zeros.data(), bytes) == 0;
+        void *popped = nullptr;
+        d.cuCtxPopCurrent(&popped);
+        if (!ok) {
+            Failure(KPOOL_ERROR_DEVICE) << "cuda:" << device.index << ": could not allocate " << bytes
+                                        << " bytes of scratch memory";
+        }
+        scratch[device.index] = reinterpret_cast<void *>(dptr);
+    }
+    return scratch[device.index];
+}
+
+void zero_device_memory(const CudaDevice &device, void *data, size_t bytes, void *stream) {
+    const Driver &d = driver();
+    d.cuCtxPushCurrent(device.primary_context);
+    const CUresult r = d.cuMemsetD32Async(reinterpret_cast<uint64_t>(data), 0, bytes / 4, stream);
+    void *popped = nullptr;
+    d.cuCtxPopCurrent(&popped);
+    if (r != 0) {
+        Failure(KPOOL_ERROR_DEVICE) << "cuda:" << device.index << ": zeroing scratch memory failed (CUDA error " << r
+                                    << ")";
+    }
+}
+
+void synchronize_stream(const CudaDevice &device, void *stream) {
+    const Driver &d = driver();
+    d.cuCtxPushCurrent(device.primary_context);
+    const CUresult r = d.cuStreamSynchronize(stream);
+    void *popped = nullptr;
+    d.cuCtxPopCurrent(&popped);
+    if (r != 0) {
+        Failure(KPOOL_ERROR_DEVICE) << "cuda:" << device.index << ": synchronizing the stream failed (CUDA error "
+                                    << r << ")";
+    }
+}
+
 void take_index_errors(const CudaDevice &device, void *stream, int32_t *words, int32_t *out, int count) {
     const Driver &d = driver();
     const uint64_t dptr = reinterpret_cast<uint64_t>(words);

@@ -4,6 +4,7 @@
 // kernels receive as user_context.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kpool::rt {
@@ -36,6 +37,14 @@ bool cuda_available();
 // The device, initialized once per process (thread-safe). Throws an
 // ArgumentError naming `arg` when there is no such device.
 const CudaDevice &cuda_device(int index, const char *arg);
+
+// `bytes` of zeroed device memory on `device`, kpool's own, allocated at the
+// first request and kept (the warm-up's tensors); one size per device.
+void *device_scratch(const CudaDevice &device, size_t bytes);
+// Zeroes `bytes` (a multiple of 4) of device memory at `data`, on `stream`.
+void zero_device_memory(const CudaDevice &device, void *data, size_t bytes, void *stream);
+// Waits for the work queued on `stream` (a CUstream of `device`'s context).
+void synchronize_stream(const CudaDevice &device, void *stream);
 
 // Copies `count` index-error words from device memory into `out` and zeroes
 // them, on `stream`, and waits for both.

@@ -26,13 +26,25 @@ const Variant kVariants[] = {KPOOL_FOR_EACH_VARIANT(KPOOL_VARIANT_ENTRY)};
 
 AnyKernel find_kernel(const char *device, Kernel kind, int pool_size, const char *type, const char *arithmetic) {
     for (const Variant &v : kVariants) {
-        if (std::strcmp(v.device, device) == 0 && v.kind == kind && v.pool_size == pool_size &&
+        // Every call looks its variant up: integers first, strings only for
+        // the few entries of the right kind and pool size.
+        if (v.kind == kind && v.pool_size == pool_size && std::strcmp(v.device, device) == 0 &&
             std::strcmp(v.type, type) == 0 &&
             (std::strcmp(v.arithmetic, "any") == 0 || std::strcmp(v.arithmetic, arithmetic) == 0)) {
             return v.function;
         }
     }
     return nullptr;
+}
+
+std::vector<VariantKey> variants_of(const char *device) {
+    std::vector<VariantKey> keys;
+    for (const Variant &v : kVariants) {
+        if (std::strcmp(v.device, device) == 0) {
+            keys.push_back({v.kind, v.pool_size, v.type, v.arithmetic});
+        }
+    }
+    return keys;
 }
 
 namespace {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstring>
+#include <vector>
 
 #include "HalideRuntime.h"
 #include "errors.h"
@@ -27,6 +28,16 @@ using AnyKernel = void (*)();
 // `arithmetic` ("exact", "triton"; kernels without an approximate step serve
 // both), or NULL when none was built for (pool_size, type, arithmetic).
 AnyKernel find_kernel(const char *device, Kernel kind, int pool_size, const char *type, const char *arithmetic);
+
+// What a built variant is for (the dispatch table's keys).
+struct VariantKey {
+    Kernel kind;
+    int pool_size;
+    const char *type;
+    const char *arithmetic;
+};
+// Every variant built for `device`.
+std::vector<VariantKey> variants_of(const char *device);
 
 template <typename Fn>
 Fn *kernel(const char *device, Kernel kind, const char *op, int pool_size, const char *type,

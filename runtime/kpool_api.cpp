@@ -6,6 +6,7 @@
 
 #include "kpool/kpool.h"
 #include "placement.h"
+#include "warm_up.h"
 
 namespace kpool::rt {
 
@@ -620,6 +621,13 @@ kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result_, co
         where.launch(Kernel::APPEND_TAIL_TO_TOPK, "append_tail_to_topk", 0, "none", t.raw_buffer(), history_cols,
                      where.attach(s).raw_buffer(), where.attach(p).raw_buffer(), table.raw_buffer(),
                      offsets.raw_buffer(), int32_t(map.mode), int32_t(pool_size), where.attach(o).raw_buffer());
+        return 0;
+    });
+}
+
+kpool_status_code kpool_cuda_warm_up(int32_t device_index, const kpool_exec *exec, kpool_status *status) {
+    return run(status, [&]() -> int64_t {
+        warm_up_cuda(device_index, exec != nullptr ? exec->stream : nullptr);
         return 0;
     });
 }

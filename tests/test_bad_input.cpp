@@ -1092,6 +1092,15 @@ TEST(BadInputIndexErrors, CheckNeedsWordsAndADevice) {
     EXPECT_THAT(int(rc), AnyOf(int(KPOOL_ERROR_DEVICE), int(KPOOL_ERROR_INVALID_ARGUMENT)));
 }
 
+// Without the device (no driver here; no device 99 on a GPU machine) the
+// warm-up names its argument.
+TEST(BadInputWarmUp, NoSuchDeviceIsNamed) {
+    kpool_status st{};
+    const kpool_status_code rc = kpool_cuda_warm_up(99, nullptr, &st);
+    expect_rejected(rc, st, {"device_index"});
+    EXPECT_THAT(int(rc), AnyOf(int(KPOOL_ERROR_DEVICE), int(KPOOL_ERROR_INVALID_ARGUMENT)));
+}
+
 TEST(WritesOnlyTargets, Decode) {
     DecodeCall c;
     std::vector<int64_t> locs;

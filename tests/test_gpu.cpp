@@ -1211,6 +1211,40 @@ std::vector<int32_t> marked_only(kpool_index_arg arg) {
     return w;
 }
 
+// The warm-up runs every variant of the build (each through a C API call
+// that must succeed), once per process; afterwards a call captured on a
+// fresh stream as the first call of its variant in a graph replays.
+class GpuWarmUp : public GpuTest {};
+
+TEST_F(GpuWarmUp, RunsEveryVariantOnceThenGraphsCapture) {
+    cu::Stream stream;
+    const kpool_exec exec = stream.exec();
+    kpool_status st{};
+    ASSERT_KPOOL_OK(kpool_cuda_warm_up(0, &exec, &st), st);
+    ASSERT_KPOOL_OK(kpool_cuda_warm_up(0, nullptr, &st), st);  // at once: already warm
+    std::mt19937 rng(77);
+    const int64_t rows = 5;
+    Mirrored q(gpu(), make_fwht_q(rng, rows)), codes(gpu(), HostTensor(KPOOL_DTYPE_FLOAT8_E4M3FN, {rows, kD})),
+        scale(gpu(), HostTensor(KPOOL_DTYPE_FLOAT32, {rows, 1}));
+    gpu().synchronize();
+    cu::Graph graph;
+    graph.begin_capture(stream);
+    const kpool_status_code rc = kpool_fwht128_quant_fp8(q.on(Side::Gpu), codes.on(Side::Gpu), scale.on(Side::Gpu),
+                                                         &exec, &st);
+    graph.end_capture(stream);
+    ASSERT_KPOOL_OK(rc, st);
+    graph.instantiate();
+    graph.launch(stream);
+    codes.download_async(stream);
+    scale.download_async(stream);
+    stream.synchronize();
+    const kpool_exec cpu_exec{nullptr};
+    ASSERT_KPOOL_OK(kpool_fwht128_quant_fp8(q.on(Side::Cpu), codes.on(Side::Cpu), scale.on(Side::Cpu), &cpu_exec, &st),
+                    st);
+    EXPECT_TRUE(codes.matches_cpu("q_fp8"));
+    EXPECT_TRUE(scale.matches_cpu("q_scale"));
+}
+
 class GpuGraph : public GpuTest {
 protected:
     // Warm-up call (loads the kernels: CUDA graphs capture launches, not

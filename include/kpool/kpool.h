@@ -192,6 +192,18 @@ kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result,
                                             const kpool_tensor *out, int32_t pool_size,
                                             const kpool_exec *exec, kpool_status *status);
 
+/* Loads every CUDA kernel variant of this build into device `device_index`
+ * (its primary context) and runs each once on tiny inputs in kpool's own
+ * scratch memory, on exec->stream (NULL exec: the legacy default stream),
+ * then synchronizes that stream. Without it the first call of each variant
+ * loads its module, and the driver JIT-compiles its PTX (milliseconds): call
+ * it once per device before serving and before capturing CUDA graphs (a
+ * capture must not be the first call of a variant). Thread-safe; after its
+ * first success on a device it returns at once. exec->arithmetic and
+ * exec->index_errors are ignored (every arithmetic is warmed up). */
+kpool_status_code kpool_cuda_warm_up(int32_t device_index, const kpool_exec *exec,
+                                     kpool_status *status);
+
 /* Reads exec->index_errors back from CUDA device `device_index` (on
  * exec->stream, which it synchronizes), zeroes the words, and returns KPOOL_OK
  * when none was set, else KPOOL_ERROR_OUT_OF_RANGE with a message naming

@@ -121,6 +121,14 @@ inline void append_tail_to_topk(const Tensor &topk_result, const Tensor &seq_len
                   s);
 }
 
+// Loads and runs every CUDA variant once on `device_index` (kpool.h); call
+// before serving or capturing graphs.
+inline void cuda_warm_up(int device_index, Exec exec = {}) {
+    kpool_status s;
+    const kpool_exec e = detail::c_exec(exec);
+    detail::check(kpool_cuda_warm_up(device_index, &e, &s), s);
+}
+
 // Throws (code KPOOL_ERROR_OUT_OF_RANGE, naming the arguments) when a device
 // call since the last check marked exec.index_errors; zeroes the words.
 inline void check_index_errors(int device_index, Exec exec) {

@@ -25,7 +25,7 @@ from ._lib import (
     library_path,
     version,
 )
-from ._tensors import check_index_errors, get_arithmetic, set_arithmetic, set_index_errors
+from ._tensors import check_index_errors, cuda_warm_up, get_arithmetic, set_arithmetic, set_index_errors
 from .ops import (
     INDEX_HEAD_DIM,
     append_tail_to_topk,
@@ -56,6 +56,7 @@ __all__ = [
     "KpoolTypeError",
     "KpoolValueError",
     "check_index_errors",
+    "cuda_warm_up",
     "get_arithmetic",
     "library_path",
     "set_arithmetic",

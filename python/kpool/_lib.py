@@ -118,6 +118,7 @@ PROTOTYPES = {
     "kpool_expand_pools_and_append_tail": (_code, [_T, _T, _T, _i32, _i32, _E, _S]),
     "kpool_expand_pools_to_tokens": (_code, [_T, _T, _T, _T, _T, _i32, _i32, _E, _S]),
     "kpool_append_tail_to_topk": (_code, [_T, _T, _T, _T, _T, _T, _i32, _E, _S]),
+    "kpool_cuda_warm_up": (_code, [_i32, _E, _S]),
     "kpool_check_index_errors": (_code, [_i32, _E, _S]),
     "kpool_history_group_budget_for_topk": (_code, [ctypes.c_int64, _i32, ctypes.POINTER(ctypes.c_int64),
                                                     _S]),

@@ -268,6 +268,19 @@ def check_index_errors() -> None:
                status)
 
 
+def cuda_warm_up(device=0) -> None:
+    """Loads and runs every CUDA kernel of the library once on ``device`` (an
+    index, or a torch.device / "cuda:N"), on torch's current stream, which it
+    then synchronizes: call before serving and before capturing CUDA graphs
+    (kpool_cuda_warm_up). Later calls return at once."""
+    index = device if isinstance(device, int) else sys.modules["torch"].device(device).index or 0
+    e = KpoolExec()
+    if "torch" in sys.modules and sys.modules["torch"].cuda.is_available():
+        e.stream = _current_stream(index)
+    status = new_status()
+    _lib.check(_lib.load().kpool_cuda_warm_up(index, ctypes.byref(e), ctypes.byref(status)), status)
+
+
 def _current_stream(device_index: int) -> int:
     global _raw_stream
     if _raw_stream is None:

@@ -673,3 +673,8 @@ def test_index_errors_words_are_cuda_int32_tensors():
     assert kpool.set_index_errors(None) is None
     with pytest.raises(kpool.KpoolValueError, match="set_index_errors"):
         kpool.check_index_errors()
+
+
+def test_cuda_warm_up_names_a_missing_device():
+    with pytest.raises(kpool.KpoolError, match="device_index"):
+        kpool.cuda_warm_up(99)

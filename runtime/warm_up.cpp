@@ -1,0 +1,160 @@
+// Every CUDA variant of the build, run once through the C API on tiny
+// tensors in kpool's own scratch memory: the first call of a Halide pipeline
+// on a context loads its module (the driver JIT-compiles the PTX), which
+// costs milliseconds and must not happen inside a CUDA-graph capture.
+#include "warm_up.h"
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda_device.h"
+#include "dispatch.h"
+#include "errors.h"
+#include "kpool/kpool.h"
+
+namespace kpool::rt {
+
+namespace {
+
+constexpr size_t kScratchBytes = 256 << 10;
+constexpr int64_t kAlign = 256;
+
+int64_t element_bytes(kpool_dtype dtype) {
+    switch (dtype) {
+    case KPOOL_DTYPE_INT64: return 8;
+    case KPOOL_DTYPE_INT32:
+    case KPOOL_DTYPE_FLOAT32: return 4;
+    case KPOOL_DTYPE_BFLOAT16: return 2;
+    default: return 1;
+    }
+}
+
+// Contiguous device tensors carved one after another out of the scratch
+// memory, all zero bytes: every index is 0 and addresses a slot of its
+// tensor, every position 0, so each kernel runs its real path on one row.
+class ScratchTensors {
+public:
+    ScratchTensors(const CudaDevice &device, uint8_t *base) : device_(device), base_(base) {}
+
+    kpool_tensor operator()(kpool_dtype dtype, std::vector<int64_t> shape) {
+        int64_t bytes = element_bytes(dtype);
+        for (int64_t n : shape) bytes *= n;
+        if (used_ + bytes > static_cast<int64_t>(kScratchBytes) - kAlign) {  // the last kAlign: the words
+            Failure(KPOOL_ERROR_INTERNAL) << "warm-up: scratch memory too small";
+        }
+        kpool_tensor t = kpool_tensor_contiguous(base_ + used_, dtype, static_cast<int32_t>(shape.size()), shape.data());
+        t.device = KPOOL_DEVICE_CUDA;
+        t.device_index = device_.index;
+        used_ += (bytes + kAlign - 1) / kAlign * kAlign;
+        return t;
+    }
+
+private:
+    const CudaDevice &device_;
+    uint8_t *base_;
+    int64_t used_ = 0;
+};
+
+kpool_dtype index_dtype(const char *type) {
+    return std::string(type) == "int64" ? KPOOL_DTYPE_INT64 : KPOOL_DTYPE_INT32;
+}
+
+// One C API call that runs `v` (and, for decode's write kernel, the stash
+// kernel after it; index checks run inside every call, with `exec`'s words).
+kpool_status_code run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &exec,
+                              kpool_status *st) {
+    const int32_t D = KPOOL_HEAD_DIM;
+    const int P = v.pool_size > 0 ? v.pool_size : 4;
+    switch (v.kind) {
+    case Kernel::FWHT: {
+        const kpool_tensor q = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}), codes = tensor(KPOOL_DTYPE_UINT8, {1, D}),
+                           scale = tensor(KPOOL_DTYPE_FLOAT32, {1});
+        return kpool_fwht128_quant_fp8(&q, &codes, &scale, &exec, st);
+    }
+    case Kernel::COMPRESS_TO_CACHE:
+    case Kernel::COMPRESS_TO_ROWS: {
+        const bool to_cache = v.kind == Kernel::COMPRESS_TO_CACHE;
+        const kpool_dtype score_dtype = std::string(v.type) == "f32" ? KPOOL_DTYPE_FLOAT32 : KPOOL_DTYPE_BFLOAT16;
+        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, D + 4}),
+                           k = tensor(KPOOL_DTYPE_BFLOAT16, {1, P, D}), s = tensor(score_dtype, {1, P, D}),
+                           ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}), loc = tensor(KPOOL_DTYPE_INT64, {1}),
+                           codes = tensor(KPOOL_DTYPE_UINT8, {1, D}), scale = tensor(KPOOL_DTYPE_FLOAT32, {1});
+        return kpool_compress_and_write_cache(&cache, &k, &s, &ape, &loc, nullptr, to_cache ? nullptr : &codes,
+                                              to_cache ? nullptr : &scale, P, D, 1, to_cache, &exec, st);
+    }
+    case Kernel::DECODE_WRITE_CACHE:
+    case Kernel::DECODE_STASH_TAIL: {
+        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, D + 4}),
+                           tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}),
+                           tsm = tensor(KPOOL_DTYPE_INT32, {1, 1}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, 1, D}),
+                           score = tensor(KPOOL_DTYPE_BFLOAT16, {1, 1, D}), ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}),
+                           sm = tensor(KPOOL_DTYPE_INT32, {1, 1}), pos = tensor(KPOOL_DTYPE_INT32, {1, 1});
+        return kpool_decode_update_and_maybe_write_cache_batched(&cache, &tail, &tsm, &key, &score, &ape, &sm, &pos,
+                                                                 P, D, 1, &exec, st);
+    }
+    case Kernel::SEED_TAIL: {
+        const kpool_tensor tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}),
+                           gate = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}), tslot = tensor(index_dtype(v.type), {1});
+        return kpool_seed_tail_cache(&tail, &key, &gate, &tslot, P, D, &exec, st);
+    }
+    case Kernel::EXPAND_POOLS_AND_APPEND_TAIL: {
+        const kpool_tensor ids = tensor(index_dtype(v.type), {1, 1}), seq = tensor(KPOOL_DTYPE_INT32, {1}),
+                           out = tensor(KPOOL_DTYPE_INT32, {1, 2 * P - 1});
+        return kpool_expand_pools_and_append_tail(&ids, &seq, &out, P, 0, &exec, st);
+    }
+    case Kernel::EXPAND_POOLS_TO_TOKENS: {
+        const kpool_tensor ids = tensor(index_dtype(v.type), {1, 1}), valid = tensor(KPOOL_DTYPE_BOOL, {1, 1}),
+                           out = tensor(KPOOL_DTYPE_INT32, {1, P});
+        return kpool_expand_pools_to_tokens(&ids, &valid, nullptr, nullptr, &out, P, P, &exec, st);
+    }
+    case Kernel::APPEND_TAIL_TO_TOPK: {
+        const kpool_tensor topk = tensor(KPOOL_DTYPE_INT32, {1, 1}), seq = tensor(KPOOL_DTYPE_INT32, {1}),
+                           pools = tensor(KPOOL_DTYPE_INT32, {1}), out = tensor(KPOOL_DTYPE_INT32, {1, P});
+        return kpool_append_tail_to_topk(&topk, &seq, &pools, nullptr, nullptr, &out, P, &exec, st);
+    }
+    case Kernel::INDEX_CHECK: {
+        // Runs inside a call with an index of its type: seed's tslot.
+        const kpool_tensor tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}),
+                           gate = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}), tslot = tensor(index_dtype(v.type), {1});
+        return kpool_seed_tail_cache(&tail, &key, &gate, &tslot, P, D, &exec, st);
+    }
+    }
+    Failure(KPOOL_ERROR_INTERNAL) << "warm-up: no call runs kernel kind " << static_cast<int>(v.kind);
+    return KPOOL_ERROR_INTERNAL;
+}
+
+}  // namespace
+
+void warm_up_cuda(int device_index, void *stream) {
+    static std::mutex mutex;
+    static std::vector<bool> warm;
+    const CudaDevice &device = cuda_device(device_index, "kpool_cuda_warm_up: device_index");
+    std::lock_guard<std::mutex> lock(mutex);
+    if (warm.size() > static_cast<size_t>(device_index) && warm[device_index]) {
+        return;
+    }
+    auto *base = static_cast<uint8_t *>(device_scratch(device, kScratchBytes));
+    for (const VariantKey &v : variants_of(device.family)) {
+        zero_device_memory(device, base, kScratchBytes, stream);  // the last call's outputs
+        ScratchTensors tensor(device, base);
+        // Index checks too: the words are scratch, and every index is valid.
+        int32_t *words = reinterpret_cast<int32_t *>(base + kScratchBytes - kAlign);
+        const kpool_exec exec{stream, std::string(v.arithmetic) == "triton" ? KPOOL_ARITHMETIC_TRITON
+                                                                           : KPOOL_ARITHMETIC_EXACT,
+                              words};
+        kpool_status st{};
+        if (run_variant(v, tensor, exec, &st) != KPOOL_OK) {
+            Failure(st.code) << "kpool_cuda_warm_up: the " << device.family << " variant (kind "
+                             << static_cast<int>(v.kind) << ", pool_size " << v.pool_size << ", " << v.type << ", "
+                             << v.arithmetic << ") failed: " << st.message;
+        }
+    }
+    synchronize_stream(device, stream);
+    if (warm.size() <= static_cast<size_t>(device_index)) {
+        warm.resize(device_index + 1, false);
+    }
+    warm[device_index] = true;
+}
+
+}  // namespace kpool::rt
