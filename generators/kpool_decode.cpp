@@ -1,5 +1,6 @@
 // kpool_decode_update_and_maybe_write_cache_batched, as two kernels the
-// runtime runs in order on one stream:
+// runtime runs in order on one stream (or, with one token per request, as
+// kpool_decode_update, both in one kernel):
 //   kpool_decode_write_cache: every completing token's pool, compressed and
 //     written at slot_mapping. A pool member stashed earlier in the same call
 //     comes from that token's inputs, otherwise from the ring as it was
@@ -60,101 +61,123 @@ Func clamp_token(Func f, Expr next_n) {
 
 }  // namespace
 
+// The inputs of the decode kernels that write completions, in their
+// argument order (a member of each generator: Halide finds its Inputs there).
+struct DecodeWriteArguments {
+    GeneratorInput<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block): the ring as before the call
+    GeneratorInput<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
+    GeneratorInput<Buffer<uint16_t, 3>> key{"key"};                             // (d, token, request)
+    GeneratorInput<Buffer<uint16_t, 3>> slot_score{"slot_score"};
+    GeneratorInput<Buffer<float, 2>> ape{"ape"};  // (d, j)
+    GeneratorInput<Buffer<int32_t, 2>> slot_mapping{"slot_mapping"};
+    GeneratorInput<Buffer<int32_t, 2>> positions{"positions"};
+    GeneratorInput<bool> round_scale{"round_scale"};
+};
+
+// Every completing token's pool, compressed and written into `cache` (the K
+// cache in place, as (codes, scales) views) over s.write: (d, token, request).
+void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, GeneratorOutput<Func> &cache, int P,
+                        const BuildPlan &plan, const std::string &arithmetic) {
+    Expr ring = in.tail.dim(1).extent();
+    Ring ring_math(ring);
+    s.ring_is_pow2 = ring_math.is_pow2;
+    Expr next_n = in.key.dim(1).extent();
+    Var t = s.token, b = s.request;
+    auto last_token = [&](Func f) { return clamp_token(f, next_n); };
+    Func positions_in = last_token(in.positions), tail_slots_in = last_token(in.tail_slot_mapping),
+         slots_in = last_token(in.slot_mapping), key_in = last_token(in.key), score_in = last_token(in.slot_score);
+
+    // Member j of the pool that token t completes sits at position
+    // pos - (P-1) + j, in ring position (pos - (P-1) + j) % RING of t's
+    // tail block: from pos % RING, since P <= RING, one wrap at most.
+    DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
+    Expr member_ring_pos = tok.ring_pos + (s.j - (P - 1));
+    member_ring_pos = select(member_ring_pos < 0, member_ring_pos + ring, member_ring_pos);
+
+    // The latest earlier token of this request that stashed into the
+    // same ring slot of the same block, or -1: what the ring holds now.
+    // A walk over the earlier tokens in order, the last match kept.
+    RDom &earlier = s.earlier;
+    earlier = RDom(0, next_n, "earlier");
+    earlier.where(earlier < t);
+    DecodeToken e = decode_token(positions_in, tail_slots_in, earlier, b, ring_math);
+    Expr same_slot = e.stashes && e.block == tok.block && e.ring_pos == member_ring_pos;
+    s.ring_writer(s.j, t, b) = -1;
+    s.ring_writer(s.j, t, b) = select(same_slot, earlier, s.ring_writer(s.j, t, b));
+
+    TailSlot at = clamp_tail_slot(tok.block, member_ring_pos, ring, in.tail.dim(3).extent());
+    Expr writer = s.ring_writer(s.j, t, b);
+    Expr stashed = writer >= 0;
+    Expr from = clamp(writer, 0, next_n - 1);
+    Expr current = s.j == P - 1;
+    auto member = [&](Func input, int half) {
+        Expr own = select(current, input(s.d, t, b), input(s.d, from, b));
+        return bf16_to_f32(select(current || stashed, own, in.tail(s.d, at.ring_pos, half, at.block)));
+    };
+    Func member_key{"member_key"}, member_score{"member_score"};
+    member_key(s.d, s.j, t, b) = member(key_in, 0);
+    member_score(s.d, s.j, t, b) = member(score_in, 1);
+    const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
+    s.layout = row_layout(plan, {RowKernel::Kind::Decode, arith});
+    s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
+                               in.round_scale, {arith, rounding_barrier(in.key.dim(2).stride()), exp_branches(plan)});
+
+    // A completion needs a tail block: with tail_slot < 0 the reference
+    // would read block 0 (another request's); we write nothing and the
+    // runtime reports it.
+    std::vector<OutputImageParam> views = Func(cache).output_buffers();
+    Var d{"d"}, token{"token"}, page{"page"};
+    cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
+    s.write = RDom(0, kHeadDim, 0, next_n, 0, in.key.dim(2).extent(), "write");
+    Expr dim = s.write.x, wt = s.write.y, wb = s.write.z;
+    DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb, ring_math);
+    Expr loc = slots_in(wt, wb);
+    // Out-of-range slots and tail blocks write nothing (device-side
+    // indices are not checked on the host).
+    Expr slots = cast<int64_t>(views[0].dim(1).extent()) * cast<int64_t>(views[0].dim(2).extent());
+    s.write.where(loc >= 0 && cast<int64_t>(loc) < slots && w.stashes && w.position % P == P - 1 &&
+                  w.block < in.tail.dim(3).extent());
+    CacheSlot slot = cache_slot(loc, views[0].dim(1).extent(), views[0].dim(2).extent());
+    const Fp8Row &quant = s.compress.rotate.quant;
+    cache(dim, slot.token, slot.page) = Tuple(quant.codes(dim, wt, wb), quant.scale(dim, wt, wb));
+    constrain_cache_views(views);
+
+    in.tail.dim(0).set_bounds(0, kHeadDim);
+    in.tail.dim(1).set_stride(kHeadDim);
+    in.tail.dim(2).set_bounds(0, 2);
+    in.key.dim(0).set_bounds(0, kHeadDim);
+    in.slot_score.dim(0).set_bounds(0, kHeadDim);
+    for (auto *per_token : {&in.tail_slot_mapping, &in.slot_mapping, &in.positions}) {
+        per_token->dim(0).set_stride(Expr());
+    }
+    in.ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, P);
+}
+
+// The stash of every token into its ring slot over `r`, whose variables
+// d, half, t, b are, where `keep` (the token's write is not overwritten by a
+// later one of its request). Out-of-range tail blocks write nothing.
+struct StashDomain {
+    RDom r;
+    Expr d, half, t, b;
+};
+void define_stash(Func tail, StashDomain &s, Expr keep, const DecodeToken &tok, Expr ring, Func key, Func score) {
+    Expr blocks = Func(tail).output_buffer().dim(3).extent();
+    s.r.where(tok.stashes && tok.block < blocks && keep);
+    TailSlot at = clamp_tail_slot(tok.block, tok.ring_pos, ring, blocks);
+    tail(s.d, at.ring_pos, s.half, at.block) = select(s.half == 0, key(s.d, s.t, s.b), score(s.d, s.t, s.b));
+}
+
 class DecodeWriteCache : public Generator<DecodeWriteCache> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
     GeneratorParam<std::string> gpu{"gpu", ""};
     GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};  // or "triton" (kpool_numerics.h)
 
-    Input<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block)
-    Input<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
-    Input<Buffer<uint16_t, 3>> key{"key"};                             // (d, token, request)
-    Input<Buffer<uint16_t, 3>> slot_score{"slot_score"};
-    Input<Buffer<float, 2>> ape{"ape"};  // (d, j)
-    Input<Buffer<int32_t, 2>> slot_mapping{"slot_mapping"};
-    Input<Buffer<int32_t, 2>> positions{"positions"};
-    Input<bool> round_scale{"round_scale"};
+    DecodeWriteArguments in;
     // The K cache in place, as (codes, scales) views (kpool_algorithms.h).
     Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
 
-    void generate() {
-        DecodeWriteStages &s = stages;
-        const int P = pool_size;
-        Expr ring = tail.dim(1).extent();
-        Ring ring_math(ring);
-        s.ring_is_pow2 = ring_math.is_pow2;
-        Expr next_n = key.dim(1).extent();
-        Var t = s.token, b = s.request;
-        auto last_token = [&](Func f) { return clamp_token(f, next_n); };
-        Func positions_in = last_token(positions), tail_slots_in = last_token(tail_slot_mapping),
-             slots_in = last_token(slot_mapping), key_in = last_token(key), score_in = last_token(slot_score);
-
-        // Member j of the pool that token t completes sits at position
-        // pos - (P-1) + j, in ring position (pos - (P-1) + j) % RING of t's
-        // tail block: from pos % RING, since P <= RING, one wrap at most.
-        DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
-        Expr member_ring_pos = tok.ring_pos + (s.j - (P - 1));
-        member_ring_pos = select(member_ring_pos < 0, member_ring_pos + ring, member_ring_pos);
-
-        // The latest earlier token of this request that stashed into the
-        // same ring slot of the same block, or -1: what the ring holds now.
-        // A walk over the earlier tokens in order, the last match kept.
-        RDom &earlier = s.earlier;
-        earlier = RDom(0, next_n, "earlier");
-        earlier.where(earlier < t);
-        DecodeToken e = decode_token(positions_in, tail_slots_in, earlier, b, ring_math);
-        Expr same_slot = e.stashes && e.block == tok.block && e.ring_pos == member_ring_pos;
-        s.ring_writer(s.j, t, b) = -1;
-        s.ring_writer(s.j, t, b) = select(same_slot, earlier, s.ring_writer(s.j, t, b));
-
-        TailSlot at = clamp_tail_slot(tok.block, member_ring_pos, ring, tail.dim(3).extent());
-        Expr writer = s.ring_writer(s.j, t, b);
-        Expr stashed = writer >= 0;
-        Expr from = clamp(writer, 0, next_n - 1);
-        Expr current = s.j == P - 1;
-        auto member = [&](Func input, int half) {
-            Expr own = select(current, input(s.d, t, b), input(s.d, from, b));
-            return bf16_to_f32(select(current || stashed, own, tail(s.d, at.ring_pos, half, at.block)));
-        };
-        Func member_key{"member_key"}, member_score{"member_score"};
-        member_key(s.d, s.j, t, b) = member(key_in, 0);
-        member_score(s.d, s.j, t, b) = member(score_in, 1);
-        const BuildPlan plan{get_target(), gpu};
-        const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
-        s.layout = row_layout(plan, {RowKernel::Kind::Decode, arith});
-        s.compress = compress_pool(member_key, member_score, ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
-                                   round_scale, {arith, rounding_barrier(key.dim(2).stride()), exp_branches(plan)});
-
-        // A completion needs a tail block: with tail_slot < 0 the reference
-        // would read block 0 (another request's); we write nothing and the
-        // runtime reports it.
-        std::vector<OutputImageParam> views = Func(cache).output_buffers();
-        Var d{"d"}, token{"token"}, page{"page"};
-        cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
-        s.write = RDom(0, kHeadDim, 0, next_n, 0, key.dim(2).extent(), "write");
-        Expr dim = s.write.x, wt = s.write.y, wb = s.write.z;
-        DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb, ring_math);
-        Expr loc = slots_in(wt, wb);
-        // Out-of-range slots and tail blocks write nothing (device-side
-        // indices are not checked on the host).
-        Expr slots = cast<int64_t>(views[0].dim(1).extent()) * cast<int64_t>(views[0].dim(2).extent());
-        s.write.where(loc >= 0 && cast<int64_t>(loc) < slots && w.stashes && w.position % P == P - 1 &&
-                      w.block < tail.dim(3).extent());
-        CacheSlot slot = cache_slot(loc, views[0].dim(1).extent(), views[0].dim(2).extent());
-        const Fp8Row &quant = s.compress.rotate.quant;
-        cache(dim, slot.token, slot.page) = Tuple(quant.codes(dim, wt, wb), quant.scale(dim, wt, wb));
-        constrain_cache_views(views);
-
-        tail.dim(0).set_bounds(0, kHeadDim);
-        tail.dim(1).set_stride(kHeadDim);
-        tail.dim(2).set_bounds(0, 2);
-        key.dim(0).set_bounds(0, kHeadDim);
-        slot_score.dim(0).set_bounds(0, kHeadDim);
-        for (auto *per_token : {&tail_slot_mapping, &slot_mapping, &positions}) {
-            per_token->dim(0).set_stride(Expr());
-        }
-        ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, P);
-    }
+    void generate() { define_completions(stages, in, cache, pool_size, {get_target(), gpu}, arithmetic); }
 
     void schedule() {
         stages.cache = cache;
@@ -163,6 +186,55 @@ public:
 
 private:
     DecodeWriteStages stages;
+};
+
+// One token per request (next_n == 1), both steps in one kernel: the
+// completion reads the ring as before the call (the `tail` input: the same
+// memory as the `tail_out` output), and its token's own stash never lands in
+// a slot its pool reads (P <= RING). Only a tail block that two requests of
+// the call share could see the other's stash.
+class DecodeUpdate : public Generator<DecodeUpdate> {
+public:
+    GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
+    GeneratorParam<std::string> gpu{"gpu", ""};
+    GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};
+
+    DecodeWriteArguments in;
+    Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
+    Output<Buffer<uint16_t, 4>> tail_out{"tail_out"};  // (d, ring_pos, half, block), in place
+
+    void generate() {
+        const BuildPlan plan{get_target(), gpu};
+        define_completions(stages.write, in, cache, pool_size, plan, arithmetic);
+        Ring ring_math(in.tail.dim(1).extent());
+        Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
+        tail_out(d, ring_pos, half, block) = undef<uint16_t>();
+        // Named and ordered as the completions' RDom (d, token, request, then
+        // half), so a schedule can fuse the loops over (token, request).
+        RDom &r = stages.stash;
+        r = RDom(0, kHeadDim, 0, 1, 0, in.key.dim(2).extent(), 0, 2, "write");
+        StashDomain stash{r, r.x, r[3], r.y, r.z};
+        DecodeToken tok = decode_token(in.positions, in.tail_slot_mapping, r.y, r.z, ring_math);
+        define_stash(tail_out, stash, Internal::const_true(), tok, in.tail.dim(1).extent(), in.key, in.slot_score);
+        for (auto *per_token : {&in.key, &in.slot_score}) {
+            per_token->dim(1).set_bounds(0, 1);
+        }
+        for (auto *per_token : {&in.tail_slot_mapping, &in.slot_mapping, &in.positions}) {
+            per_token->dim(0).set_bounds(0, 1);
+        }
+        tail_out.dim(0).set_bounds(0, kHeadDim);
+        tail_out.dim(1).set_stride(kHeadDim);
+        tail_out.dim(2).set_bounds(0, 2);
+    }
+
+    void schedule() {
+        stages.write.cache = cache;
+        stages.tail = tail_out;
+        schedule_decode_update(stages, {get_target(), gpu});
+    }
+
+private:
+    DecodeUpdateStages stages;
 };
 
 class DecodeStashTail : public Generator<DecodeStashTail> {
@@ -201,12 +273,10 @@ public:
         overwritten(tv, bv) = Internal::const_false();
         overwritten(tv, bv) = overwritten(tv, bv) ||
                               (later > tv && l.stashes && l.block == self.block && l.ring_pos == self.ring_pos);
-        r.where(tok.stashes && tok.block < tail.dim(3).extent() && !overwritten(t, b));
+        StashDomain stash{r, r.x, r.y, t, b};
+        define_stash(tail, stash, !overwritten(t, b), tok, ring, in_batch(key), in_batch(slot_score));
         tail_slot_mapping.dim(0).set_stride(Expr());
         positions.dim(0).set_stride(Expr());
-        TailSlot at = clamp_tail_slot(tok.block, tok.ring_pos, ring, tail.dim(3).extent());
-        tail(r.x, at.ring_pos, r.y, at.block) =
-            select(r.y == 0, in_batch(key)(r.x, t, b), in_batch(slot_score)(r.x, t, b));
 
         key.dim(0).set_bounds(0, kHeadDim);
         slot_score.dim(0).set_bounds(0, kHeadDim);
@@ -228,3 +298,4 @@ private:
 
 HALIDE_REGISTER_GENERATOR(kpool::DecodeWriteCache, kpool_decode_write_cache)
 HALIDE_REGISTER_GENERATOR(kpool::DecodeStashTail, kpool_decode_stash_tail)
+HALIDE_REGISTER_GENERATOR(kpool::DecodeUpdate, kpool_decode_update)

@@ -40,6 +40,12 @@ public:
     // A one-column stand-in (stride 0) for an index input with no columns.
     HalideBuffer no_columns(kpool_dtype dtype, int64_t rows) const;
 
+    // Whether this device has a variant of `kind` for (pool_size, type) in
+    // the call's arithmetic.
+    bool has_kernel(Kernel kind, int pool_size, const char *type) const {
+        return find_kernel(family(), kind, pool_size, type, arithmetic_) != nullptr;
+    }
+
     // Runs the variant for this device; CUDA kernels take the call's
     // context and stream as user_context.
     template <typename... Args>

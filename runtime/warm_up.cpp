@@ -84,12 +84,15 @@ kpool_status_code run_variant(const VariantKey &v, ScratchTensors &tensor, const
                                               to_cache ? nullptr : &scale, P, D, 1, to_cache, &exec, st);
     }
     case Kernel::DECODE_WRITE_CACHE:
-    case Kernel::DECODE_STASH_TAIL: {
+    case Kernel::DECODE_STASH_TAIL:
+    case Kernel::DECODE_UPDATE: {
+        // One token per request takes the one-kernel variant, two the pair.
+        const int64_t N = v.kind == Kernel::DECODE_UPDATE ? 1 : 2;
         const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, D + 4}),
                            tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}),
-                           tsm = tensor(KPOOL_DTYPE_INT32, {1, 1}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, 1, D}),
-                           score = tensor(KPOOL_DTYPE_BFLOAT16, {1, 1, D}), ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}),
-                           sm = tensor(KPOOL_DTYPE_INT32, {1, 1}), pos = tensor(KPOOL_DTYPE_INT32, {1, 1});
+                           tsm = tensor(KPOOL_DTYPE_INT32, {1, N}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}),
+                           score = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}), ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}),
+                           sm = tensor(KPOOL_DTYPE_INT32, {1, N}), pos = tensor(KPOOL_DTYPE_INT32, {1, N});
         return kpool_decode_update_and_maybe_write_cache_batched(&cache, &tail, &tsm, &key, &score, &ape, &sm, &pos,
                                                                  P, D, 1, &exec, st);
     }

@@ -107,6 +107,13 @@ void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan) {
     s.overwritten.compute_at(s.tail, s.stash[3]);
 }
 
+// The CPU runs decode as its two kernels: each has requests in parallel
+// already, and a fused kernel would only save a launch, which the CPU does
+// not pay. No CPU variant of kpool_decode_update is built.
+void schedule_decode_update(DecodeUpdateStages &, const BuildPlan &) {
+    throw Halide::CompileError("kpool_decode_update has CUDA schedules only");
+}
+
 void schedule_expand(ExpandStages &s, const BuildPlan &plan) {
     Var co{"col_chunk"}, ci{"col_in_chunk"};
     s.out.split(s.col, co, ci, plan.target.natural_vector_size<int32_t>(), TailStrategy::GuardWithIf)

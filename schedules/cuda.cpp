@@ -320,6 +320,34 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
     s.cache.update(0).specialize(s.ring_is_pow2);  // the ring walk by shifts and masks
 }
 
+// One token per request, one kernel: a block per request runs its
+// completion as pool_per_element does (every token of such a call is one
+// block either way), then, in the same block, one warp stashes the token,
+// each lane moving 4 bf16 of both halves. The fused loops are the blocks
+// (compute_with at `request_token`); the completion reads the ring input as
+// it was before the call (the algorithm). No ring_is_pow2 specialization:
+// Halide does not specialize stages fused with compute_with.
+void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
+    const CudaPlan &plan = plan_for(build);
+    DecodeWriteStages &w = s.write;
+    pure_stage_on_gpu(w.cache);
+    w.cache.update(0).allow_race_conditions();
+    pool_per_element(w, plan);
+    RVar lane{"stash_lane"}, v{"stash_v"}, tb{"token_block"}, token{"write_token"}, block{"request_token"};
+    pure_stage_on_gpu(s.tail);
+    s.tail.update(0)
+        .allow_race_conditions()
+        .split(s.stash.x, lane, v, kValuesPerLane)
+        .split(s.stash.y, tb, token, 1)
+        .reorder(v, s.stash[3], lane, token, tb, s.stash.z)
+        .fuse(tb, s.stash.z, block)
+        .gpu_blocks(block)
+        .gpu_threads(lane)
+        .unroll(s.stash[3])
+        .vectorize(v)
+        .compute_with(w.cache.update(0), block);
+}
+
 // Every token of a request's block of tokens is a warp, each lane moving 4
 // bf16 of both halves (unrolled: each half reads only its own input): a
 // token that a later one overwrites stashes nothing (the algorithm), so

@@ -33,6 +33,7 @@ KPOOL_DISPATCH(schedule_compress_to_rows, CompressToRowsStages)
 KPOOL_DISPATCH(schedule_seed_tail, SeedTailStages)
 KPOOL_DISPATCH(schedule_decode_write, DecodeWriteStages)
 KPOOL_DISPATCH(schedule_decode_stash, DecodeStashStages)
+KPOOL_DISPATCH(schedule_decode_update, DecodeUpdateStages)
 KPOOL_DISPATCH(schedule_expand, ExpandStages)
 KPOOL_DISPATCH(schedule_index_check, IndexCheckStages)
 

@@ -89,6 +89,15 @@ struct DecodeStashStages {
     Expr ring_is_pow2;
 };
 
+// Decode with one token per request: the completions (`write`) and the
+// stash (`tail` over `stash`: (d, token, request, half), ordered as `write`)
+// in one kernel.
+struct DecodeUpdateStages {
+    DecodeWriteStages write;
+    Func tail;
+    RDom stash;
+};
+
 // The expand family: one int32 output over (col, row).
 struct ExpandStages {
     enum class Kind { PoolsAndAppendTail, PoolsToTokens, AppendTail } kind;
@@ -115,6 +124,7 @@ void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan);
 void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan);
 void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan);
 void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan);
+void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &plan);
 void schedule_expand(ExpandStages &s, const BuildPlan &plan);
 void schedule_index_check(IndexCheckStages &s, const BuildPlan &plan);
 void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan);

@@ -939,7 +939,9 @@ class GpuDecode : public GpuParamTest<GpuDecodeParam> {};
 
 TEST_P(GpuDecode, MatchesCpu) {
     const auto [P, ring_mult, N] = GetParam();
-    const int64_t ring = int64_t(P) * ring_mult, B = 5, tail_blocks = B + 4;
+    // One token per request runs decode's one-kernel variant on CUDA: more
+    // requests there, so that several complete a pool.
+    const int64_t ring = int64_t(P) * ring_mult, B = N == 1 ? 64 : 5, tail_blocks = B + 4;
     const bool padded = N % 2 == 0;
     const bool round_scale = N % 3 != 0;
     const int block_size = padded ? 64 : 16;
@@ -963,13 +965,13 @@ TEST_P(GpuDecode, MatchesCpu) {
         {{"kv_cache", &cache}, {"tail_kv_cache", &tail}});
     expect_device_skipped(gs.skipped_completions, cpu_skipped);
     EXPECT_TRUE(tail.cpu().bytes() != tail0.bytes()) << "the test stashed nothing";
-    if (N >= P) {
+    if (N >= P || N == 1) {
         EXPECT_TRUE(cache.cpu().bytes() != cache0.bytes()) << "the test completed no pool";
     }
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecode,
-                         Combine(ValuesIn(kGpuPoolSizes), Values(1, 2), Values(1, 2, 3, 4, 5, 6)),
+                         Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 3), Values(1, 2, 3, 4, 5, 6)),
                          [](const auto &info) {
                              return "P" + std::to_string(std::get<0>(info.param)) + "_ring" +
                                     std::to_string(std::get<1>(info.param)) + "P_n" +
@@ -981,25 +983,28 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecode,
 class GpuDecodeManyRequests : public GpuTest {};
 
 TEST_F(GpuDecodeManyRequests, MoreRequestsThanGridYHolds) {
-    const int P = kGpuPoolSizes[0], N = 2, block_size = 64;
-    const int64_t ring = 2 * P, B = 70000, tail_blocks = B + 4;
-    const int64_t num_blocks = (2 * B * N) / block_size + 2;
-    std::mt19937 rng(4242);
-    const HostTensor cache0 = random_bytes_like(rng, make_kv_cache(num_blocks, block_size, false));
-    HostTensor tail0 = make_tail_cache(tail_blocks, ring, false);
-    fill_normal(tail0, rng, 1.5f);
-    DecodeInputs in = make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size);
-    Mirrored cache(gpu(), cache0), tail(gpu(), tail0), tsm(gpu(), in.tail_slot_mapping), key(gpu(), in.key),
-        score(gpu(), in.slot_score), ape(gpu(), in.ape), sm(gpu(), in.slot_mapping), pos(gpu(), in.positions);
-    run_both(
-        [&](Side s, const kpool_exec *ex, kpool_status *st) {
-            return kpool_decode_update_and_maybe_write_cache_batched(cache.on(s), tail.on(s), tsm.on(s), key.on(s),
-                                                                     score.on(s), ape.on(s), sm.on(s), pos.on(s), P,
-                                                                     kD, true, ex, st);
-        },
-        {{"kv_cache", &cache}, {"tail_kv_cache", &tail}});
-    EXPECT_TRUE(tail.cpu().bytes() != tail0.bytes()) << "the test stashed nothing";
-    EXPECT_TRUE(cache.cpu().bytes() != cache0.bytes()) << "the test completed no pool";
+    for (const int N : {1, 2}) {  // the one-kernel variant, and the pair
+        SCOPED_TRACE("next_n " + std::to_string(N));
+        const int P = kGpuPoolSizes[0], block_size = 64;
+        const int64_t ring = 2 * P, B = 70000, tail_blocks = B + 4;
+        const int64_t num_blocks = (2 * B * N) / block_size + 2;
+        std::mt19937 rng(4242);
+        const HostTensor cache0 = random_bytes_like(rng, make_kv_cache(num_blocks, block_size, false));
+        HostTensor tail0 = make_tail_cache(tail_blocks, ring, false);
+        fill_normal(tail0, rng, 1.5f);
+        DecodeInputs in = make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size);
+        Mirrored cache(gpu(), cache0), tail(gpu(), tail0), tsm(gpu(), in.tail_slot_mapping), key(gpu(), in.key),
+            score(gpu(), in.slot_score), ape(gpu(), in.ape), sm(gpu(), in.slot_mapping), pos(gpu(), in.positions);
+        run_both(
+            [&](Side s, const kpool_exec *ex, kpool_status *st) {
+                return kpool_decode_update_and_maybe_write_cache_batched(cache.on(s), tail.on(s), tsm.on(s), key.on(s),
+                                                                         score.on(s), ape.on(s), sm.on(s), pos.on(s), P,
+                                                                         kD, true, ex, st);
+            },
+            {{"kv_cache", &cache}, {"tail_kv_cache", &tail}});
+        EXPECT_TRUE(tail.cpu().bytes() != tail0.bytes()) << "the test stashed nothing";
+        EXPECT_TRUE(cache.cpu().bytes() != cache0.bytes()) << "the test completed no pool";
+    }
 }
 
 // expand_pools_and_append_tail: P x pool id dtype x bound_pool_ids.
