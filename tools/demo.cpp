@@ -553,6 +553,17 @@ int Demo::run() {
                 num_pages_, kBlockSize, num_pages_ * kBlockSize * kRowBytes, tail_blocks_,
                 tail_allocation_bytes(tail_blocks_));
 
+    if (!device_.uses_host_memory()) {
+        // Every kernel's module loaded (and JIT-compiled) before the timed
+        // calls, as an engine does at start-up.
+        const Stopwatch warm;
+        const kpool_exec exec = device_.exec();
+        kpool_status st{};
+        if (kpool_cuda_warm_up(device_.index(), &exec, &st) != KPOOL_OK) {
+            fail(std::string("FAIL kpool_cuda_warm_up: ") + st.message);
+        }
+        std::printf("warm-up: every CUDA kernel loaded and run once in %.1f ms\n", warm.milliseconds());
+    }
     const Stopwatch clock;
     prefill();
     progress_.finish();
