@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on a GPU machine that has no Halide: the GPU tests, the dump check
-# on the device, the Python side-by-side test, the benchmark next to the
-# Triton reference (in both arithmetics), and (with
-# --profile) Nsight Compute on the large cases. Everything built here first:
+# and the demo on the device, the benchmark next to the Triton reference, the
+# Python side-by-side test, the benchmark in the reference's arithmetic, and
+# (with --profile) Nsight Compute on the large cases. Everything built here
+# first:
 #
 #   bash scripts/kpool.sh build
 #   # the reference module is never part of the project: copy it into the
@@ -11,12 +12,15 @@
 #   # carry build/libkpool.so build/tests/kpool_tests build/tools/kpool and .ref:
 #   KPOOL_REFERENCE_DIR=.ref bash bench/run_on_gpu.sh [--profile] [--quick]
 #
-# Logs and JSON go to $OUT (default ./gpu-out); the last lines printed are
-# the benchmark's table.
+# Steps run in that order (most needed first), each within
+# KPOOL_GPU_DEADLINE seconds of the start (default 570: a 10-minute call);
+# a step cut off says so. Logs and JSON go to $OUT (default ./gpu-out); the
+# last lines printed are the benchmark's table and a summary of every step.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
+deadline=$((SECONDS + ${KPOOL_GPU_DEADLINE:-570}))
 profile=no
 bench_args=()
 for a in "$@"; do
@@ -26,30 +30,52 @@ for a in "$@"; do
     esac
 done
 export PYTHONPATH=python KPOOL_LIBRARY=build/libkpool.so PYTHONUNBUFFERED=1
+summary=()
+
+# step NAME LOG COMMAND...: runs COMMAND (output to $out/LOG) within the
+# time left, and records "NAME: rc=N (S s)".
+step() {
+    local name=$1 log=$2 left=$((deadline - SECONDS)) start=$SECONDS rc
+    shift 2
+    if [ "$left" -le 5 ]; then
+        summary+=("$name: not run (deadline)")
+        return
+    fi
+    timeout "$left" "$@" >"$out/$log" 2>&1
+    rc=$?
+    [ "$rc" -eq 124 ] && name="$name (cut off at the deadline)"
+    summary+=("$name: rc=$rc ($((SECONDS - start)) s)")
+}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-build/tests/kpool_tests --gtest_filter='Gpu*' --gtest_brief=1 >"$out/gpu_tests.log" 2>&1
-echo "gpu tests: rc=$? ($(grep -E '^\[  (PASSED|FAILED)' "$out/gpu_tests.log" | tr '\n' ' '))"
-grep -E '^\[  FAILED' "$out/gpu_tests.log" | head -20
-build/tools/kpool check tests/data/dump_seed0 --device cuda >"$out/check_cuda.log" 2>&1
-echo "kpool check --device cuda: rc=$? ($(grep -c '^ok' "$out/check_cuda.log") ok)"
-grep -v '^ok' "$out/check_cuda.log" | head -10
+step "gpu tests" gpu_tests.log build/tests/kpool_tests --gtest_filter='Gpu*' --gtest_brief=1
+summary+=("  $(grep -E '^\[  (PASSED|FAILED)' "$out/gpu_tests.log" | tr '\n' ' ')")
+while read -r line; do summary+=("  $line"); done < <(grep -E '^\[  FAILED' "$out/gpu_tests.log" | head -20)
+step "kpool check --device cuda" check_cuda.log build/tools/kpool check tests/data/dump_seed0 --device cuda
+summary+=("  $(grep -c '^ok' "$out/check_cuda.log") ok; $(grep -v '^ok' "$out/check_cuda.log" | head -3 | tr '\n' ' ')")
+step "kpool demo --device cuda" demo.log build/tools/kpool demo --device cuda
+summary+=("  $(grep -E '^(verified|FAILED|FAIL|index checks|warm-up)' "$out/demo.log" | head -4 | tr '\n' ' ')")
 
 if [ "$profile" = yes ]; then
-    ncu --clock-control none --kernel-name regex:^_kernel_ --launch-count 12 \
+    step "ncu" ncu.txt ncu --clock-control none --kernel-name regex:^_kernel_ --launch-count 12 \
         --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
         python3 bench/profile_gpu.py --calls 1 fwht:rows=1048576 compress:n_pools=262144,pool=16 \
         compress:n_pools=262144,pool=4 seed:tokens=262144,pool=16 decode:requests=512,next_n=4,pool=4 \
-        decode:requests=64,next_n=1,pool=16 expand:rows=4096,pool=4 >"$out/ncu.txt" 2>&1
-    echo "ncu: rc=$?"
+        decode:requests=64,next_n=1,pool=16 expand:rows=4096,pool=4
     grep -E '^  _kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Local Memory Spilling Req' \
         "$out/ncu.txt" | head -80
 fi
-python3 -m pytest python/tests/test_gpu_side_by_side.py -q -p no:cacheprovider >"$out/side_by_side.log" 2>&1
-echo "side by side (kpool triton arithmetic vs the reference): rc=$? ($(tail -1 "$out/side_by_side.log"))"
-grep -E '^(FAILED|ERROR|DIFF)|arith_model|boundary|comparisons identical' "$out/side_by_side.log" | head -30
+step "bench (exact arithmetic)" bench.log \
+    python3 bench/bench_gpu.py --min-runs 50 --out "$out/kpool_bench.json" "${bench_args[@]}"
+step "side by side (kpool triton arithmetic vs the reference)" side_by_side.log \
+    python3 -m pytest python/tests/test_gpu_side_by_side.py -q -p no:cacheprovider
+summary+=("  $(tail -1 "$out/side_by_side.log")")
+while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR|DIFF)|arith_model|boundary|comparisons identical' \
+    "$out/side_by_side.log" | head -20)
 # The softmax-pool ops again in the reference's arithmetic (KPOOL_ARITHMETIC_TRITON).
-python3 bench/bench_gpu.py --min-runs 50 --arithmetic triton --only copy,compress,decode \
-    --out "$out/kpool_bench_triton.json" "${bench_args[@]}" >"$out/bench_triton.log" 2>&1
-echo "bench --arithmetic triton: rc=$?"
-python3 bench/bench_gpu.py --min-runs 50 --out "$out/kpool_bench.json" "${bench_args[@]}" 2>&1 | tee "$out/bench.log"
+step "bench --arithmetic triton" bench_triton.log \
+    python3 bench/bench_gpu.py --min-runs 50 --arithmetic triton --only copy,compress,decode \
+    --out "$out/kpool_bench_triton.json" "${bench_args[@]}"
+
+cat "$out/bench.log"
+printf '%s\n' "${summary[@]}"
