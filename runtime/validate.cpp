@@ -22,13 +22,21 @@ int64_t TensorArg::numel() const {
     return n;
 }
 
+int64_t element_bytes(kpool_dtype dtype) {
+    switch (dtype) {
+    case KPOOL_DTYPE_INT64: return 8;
+    case KPOOL_DTYPE_INT32:
+    case KPOOL_DTYPE_FLOAT32: return 4;
+    case KPOOL_DTYPE_BFLOAT16: return 2;
+    default: return 1;
+    }
+}
+
 int64_t TensorArg::span_bytes() const {
     if (numel() == 0) {
         return 0;
     }
-    const int64_t element = t->dtype == KPOOL_DTYPE_INT64 ? 8
-                            : (t->dtype == KPOOL_DTYPE_INT32 || t->dtype == KPOOL_DTYPE_FLOAT32) ? 4
-                            : t->dtype == KPOOL_DTYPE_BFLOAT16 ? 2 : 1;
+    const int64_t element = element_bytes(t->dtype);
     int64_t last = 0;
     for (int i = 0; i < t->ndim; i++) {
         last += (t->shape[i] - 1) * t->strides[i];

@@ -12,6 +12,7 @@
 #include "dispatch.h"
 #include "errors.h"
 #include "kpool/kpool.h"
+#include "validate.h"
 
 namespace kpool::rt {
 
@@ -19,16 +20,6 @@ namespace {
 
 constexpr size_t kScratchBytes = 256 << 10;
 constexpr int64_t kAlign = 256;
-
-int64_t element_bytes(kpool_dtype dtype) {
-    switch (dtype) {
-    case KPOOL_DTYPE_INT64: return 8;
-    case KPOOL_DTYPE_INT32:
-    case KPOOL_DTYPE_FLOAT32: return 4;
-    case KPOOL_DTYPE_BFLOAT16: return 2;
-    default: return 1;
-    }
-}
 
 // Contiguous device tensors carved one after another out of the scratch
 // memory, all zero bytes: every index is 0 and addresses a slot of its
