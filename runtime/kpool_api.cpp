@@ -280,6 +280,8 @@ const char *kpool_dtype_name(kpool_dtype dtype) {
     return "unknown dtype";
 }
 
+int32_t kpool_dtype_size(kpool_dtype dtype) { return static_cast<int32_t>(element_bytes(dtype)); }
+
 const char *kpool_version(void) {
 #ifdef KPOOL_WITH_CUDA
     return "kpool " KPOOL_VERSION_STRING " (cpu, cuda)";

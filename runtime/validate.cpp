@@ -28,8 +28,11 @@ int64_t element_bytes(kpool_dtype dtype) {
     case KPOOL_DTYPE_INT32:
     case KPOOL_DTYPE_FLOAT32: return 4;
     case KPOOL_DTYPE_BFLOAT16: return 2;
-    default: return 1;
+    case KPOOL_DTYPE_UINT8:
+    case KPOOL_DTYPE_BOOL:
+    case KPOOL_DTYPE_FLOAT8_E4M3FN: return 1;
     }
+    return 0;
 }
 
 int64_t TensorArg::span_bytes() const {

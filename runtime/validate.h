@@ -43,7 +43,7 @@ void require_head_dim(int32_t head_dim);
 // row-major element order of its shape), read with its strides.
 int64_t index_at(const TensorArg &a, int64_t i);
 
-// Bytes per element of `dtype` (bool and e4m3 as one byte).
+// Bytes per element of `dtype` (bool and e4m3 as one byte; 0 if unknown).
 int64_t element_bytes(kpool_dtype dtype);
 
 // "loc[17]" or "slot_mapping[3, 1]": where an element sits, for messages.

@@ -30,6 +30,10 @@ int run_demo(const DemoOptions &options);
 // for byte with the dump's outputs.
 int run_check(const std::string &directory, DeviceChoice device);
 
+// Host µs per C API call of every op on its smallest call, `calls` back to
+// back, next to a bare launch of an empty kernel on a GPU.
+int run_overhead(DeviceChoice device, int calls);
+
 }  // namespace kpool_tool
 
 #endif  // KPOOL_TOOLS_COMMANDS_H

@@ -33,6 +33,13 @@ public:
     // Waits until every call issued on exec() has finished (for timing).
     virtual void synchronize() = 0;
     virtual kpool_exec exec() const = 0;
+    // Host µs per launch of an empty kernel on exec()'s stream, `calls` back
+    // to back (the driver's floor under any kernel call); false where the
+    // device launches no kernels (the CPU).
+    virtual bool time_empty_launches(int calls, double *us_per_call) {
+        (void)calls, (void)us_per_call;
+        return false;
+    }
 };
 
 // Which device a command asked for: --device auto|cpu|cuda.

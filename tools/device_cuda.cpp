@@ -4,6 +4,7 @@
 // and the binary runs on machines without a GPU.
 #include <dlfcn.h>
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,8 @@ using CUresult = int;
 using CUdevice = int;
 using CUcontext = struct CUctx_st *;
 using CUdeviceptr = unsigned long long;
+using CUmodule = struct CUmod_st *;
+using CUfunction = struct CUfunc_st *;
 constexpr CUresult kCudaSuccess = 0;
 
 struct DriverApi {
@@ -34,6 +37,10 @@ struct DriverApi {
     CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t) = nullptr;
     CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t) = nullptr;
     CUresult (*cuGetErrorString)(CUresult, const char **) = nullptr;
+    CUresult (*cuModuleLoadData)(CUmodule *, const void *) = nullptr;
+    CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *) = nullptr;
+    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               void *, void **, void **) = nullptr;
 };
 
 template <typename F>
@@ -60,7 +67,10 @@ const DriverApi &driver() {
                         bind(library, "cuMemFree_v2", &d.cuMemFree) &&
                         bind(library, "cuMemcpyHtoD_v2", &d.cuMemcpyHtoD) &&
                         bind(library, "cuMemcpyDtoH_v2", &d.cuMemcpyDtoH) &&
-                        bind(library, "cuGetErrorString", &d.cuGetErrorString);
+                        bind(library, "cuGetErrorString", &d.cuGetErrorString) &&
+                        bind(library, "cuModuleLoadData", &d.cuModuleLoadData) &&
+                        bind(library, "cuModuleGetFunction", &d.cuModuleGetFunction) &&
+                        bind(library, "cuLaunchKernel", &d.cuLaunchKernel);
         if (!ok) throw std::runtime_error("the CUDA driver is too old (a driver API entry point is missing)");
         return d;
     }();
@@ -131,6 +141,27 @@ public:
     // The legacy default stream, which the synchronous copies above also use,
     // and words that mark out-of-range indices (kpool_check_index_errors).
     kpool_exec exec() const override { return kpool_exec{nullptr, KPOOL_ARITHMETIC_EXACT, index_errors_}; }
+
+    bool time_empty_launches(int calls, double *us_per_call) override {
+        // PTX of a kernel that returns at once, JIT-compiled by the driver.
+        static const char kEmptyKernel[] =
+            ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry kpool_empty() { ret; }\n";
+        const DriverApi &d = driver();
+        CUmodule module = nullptr;
+        CUfunction empty = nullptr;
+        check(d.cuModuleLoadData(&module, kEmptyKernel), "cuModuleLoadData");
+        check(d.cuModuleGetFunction(&empty, module, "kpool_empty"), "cuModuleGetFunction");
+        check(d.cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
+        synchronize();
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < calls; ++i) {
+            check(d.cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
+        }
+        const auto end = std::chrono::steady_clock::now();
+        synchronize();
+        *us_per_call = std::chrono::duration<double, std::micro>(end - start).count() / calls;
+        return true;
+    }
 
 private:
     static CUdeviceptr to_device_pointer(const void *data) {

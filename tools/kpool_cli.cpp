@@ -2,6 +2,7 @@
 //
 //   kpool demo   an engine-shaped workload, verified against the reference
 //   kpool check  replay a reference dump directory byte for byte
+//   kpool overhead  host cost per C API call of each op
 //   kpool version | help
 #include <cerrno>
 #include <cstdio>
@@ -33,6 +34,10 @@ const char kUsage[] =
     "      from shared/anchors/bench_triton.py --dump) through the C API and compares\n"
     "      every output byte for byte. Prints 'ok <case>' or 'FAIL <case>: ...'.\n"
     "      Exit status 1 on any mismatch, 2 if the dump cannot be read.\n"
+    "  overhead [--calls N] [--device auto|cpu|cuda]\n"
+    "      Host microseconds per C API call of each op on its smallest call (N calls\n"
+    "      back to back, default 2000, best and median of 7 runs), and on a GPU the\n"
+    "      same for a bare launch of an empty kernel (the driver's floor).\n"
     "  version\n"
     "      The library's version and the devices it was built for.\n"
     "  help\n"
@@ -137,6 +142,22 @@ int check_command(const std::vector<std::string> &args) {
     return run_check(directory, device);
 }
 
+int overhead_command(const std::vector<std::string> &args) {
+    DeviceChoice device = DeviceChoice::Auto;
+    int64_t calls = 2000;
+    for (size_t i = 0; i < args.size(); ++i) {
+        std::string value, error;
+        if (option_value(args, &i, "--device", &value, &error)) {
+            if (!error.empty() || !parse_device(value, &device, &error)) return usage_error(error);
+        } else if (option_value(args, &i, "--calls", &value, &error)) {
+            if (!error.empty() || !parse_count("--calls", value, 1, 1000000, &calls, &error)) return usage_error(error);
+        } else {
+            return usage_error("overhead: unknown argument " + args[i]);
+        }
+    }
+    return run_overhead(device, static_cast<int>(calls));
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -145,6 +166,7 @@ int main(int argc, char **argv) {
     const std::vector<std::string> args(argv + 2, argv + argc);
     if (command == "demo") return demo_command(args);
     if (command == "check") return check_command(args);
+    if (command == "overhead") return overhead_command(args);
     if (command == "version" || command == "--version") {
         std::printf("%s\n", kpool_version());
         return kExitOk;

@@ -114,6 +114,8 @@ typedef struct kpool_exec {
 /* Names of codes and dtypes, for messages. */
 const char *kpool_status_name(kpool_status_code code);
 const char *kpool_dtype_name(kpool_dtype dtype);
+/* Bytes per element of a dtype (bool and e4m3 take one); 0 for an unknown one. */
+int32_t kpool_dtype_size(kpool_dtype dtype);
 /* "kpool 0.1.0 (cpu[, cuda])": what this build can run. */
 const char *kpool_version(void);
 
