@@ -66,6 +66,28 @@ const Driver &driver() {
     return d;
 }
 
+// A context current on this thread for a scope; the thread's own is
+// current again after it.
+class CurrentContext {
+public:
+    explicit CurrentContext(void *context) { driver().cuCtxPushCurrent(context); }
+    ~CurrentContext() {
+        void *popped = nullptr;
+        driver().cuCtxPopCurrent(&popped);
+    }
+    CurrentContext(const CurrentContext &) = delete;
+    CurrentContext &operator=(const CurrentContext &) = delete;
+};
+
+// New device memory in `context` holding a copy of `bytes` host bytes; 0
+// when the driver refuses.
+uint64_t device_copy_of(void *context, const void *host, size_t bytes) {
+    const Driver &d = driver();
+    CurrentContext current(context);
+    uint64_t dptr = 0;
+    return d.cuMemAlloc(&dptr, bytes) == 0 && d.cuMemcpyHtoD(dptr, host, bytes) == 0 ? dptr : 0;
+}
+
 // The Halide runtime asks these for the context and stream of every CUDA
 // kernel call: the caller's, carried in user_context, never one of its own.
 int acquire_context(void *user_context, void **ctx, bool) {
@@ -119,12 +141,8 @@ CudaDevice init_device(int index, const char *arg) {
     }
     c.family = family_of(c.major);
     const KernelConstants host;
-    uint64_t dptr = 0;
-    d.cuCtxPushCurrent(c.primary_context);
-    bool ok = d.cuMemAlloc(&dptr, sizeof(host)) == 0 && d.cuMemcpyHtoD(dptr, &host, sizeof(host)) == 0;
-    void *popped = nullptr;
-    d.cuCtxPopCurrent(&popped);
-    if (!ok) {
+    const uint64_t dptr = device_copy_of(c.primary_context, &host, sizeof(host));
+    if (dptr == 0) {
         Failure(KPOOL_ERROR_DEVICE) << "cuda:" << index << ": could not allocate kpool's constants";
     }
     c.constants = reinterpret_cast<void *>(dptr);
@@ -177,14 +195,9 @@ void *device_scratch(const CudaDevice &device, size_t bytes) {
         scratch.resize(device.index + 1, nullptr);
     }
     if (scratch[device.index] == nullptr) {
-        const Driver &d = driver();
         const std::vector<uint8_t> zeros(bytes, 0);
-        uint64_t dptr = 0;
-        d.cuCtxPushCurrent(device.primary_context);
-        const bool ok = d.cuMemAlloc(&dptr, bytes) == 0 && d.cuMemcpyHtoD(dptr, zeros.data(), bytes) == 0;
-        void *popped = nullptr;
-        d.cuCtxPopCurrent(&popped);
-        if (!ok) {
+        const uint64_t dptr = device_copy_of(device.primary_context, zeros.data(), bytes);
+        if (dptr == 0) {
             Failure(KPOOL_ERROR_DEVICE) << "cuda:" << device.index << ": could not allocate " << bytes
                                         << " bytes of scratch memory";
         }
@@ -194,11 +207,8 @@ void *device_scratch(const CudaDevice &device, size_t bytes) {
 }
 
 void zero_device_memory(const CudaDevice &device, void *data, size_t bytes, void *stream) {
-    const Driver &d = driver();
-    d.cuCtxPushCurrent(device.primary_context);
-    const CUresult r = d.cuMemsetD32Async(reinterpret_cast<uint64_t>(data), 0, bytes / 4, stream);
-    void *popped = nullptr;
-    d.cuCtxPopCurrent(&popped);
+    CurrentContext current(device.primary_context);
+    const CUresult r = driver().cuMemsetD32Async(reinterpret_cast<uint64_t>(data), 0, bytes / 4, stream);
     if (r != 0) {
         Failure(KPOOL_ERROR_DEVICE) << "cuda:" << device.index << ": zeroing scratch memory failed (CUDA error " << r
                                     << ")";
@@ -206,11 +216,8 @@ void zero_device_memory(const CudaDevice &device, void *data, size_t bytes, void
 }
 
 void synchronize_stream(const CudaDevice &device, void *stream) {
-    const Driver &d = driver();
-    d.cuCtxPushCurrent(device.primary_context);
-    const CUresult r = d.cuStreamSynchronize(stream);
-    void *popped = nullptr;
-    d.cuCtxPopCurrent(&popped);
+    CurrentContext current(device.primary_context);
+    const CUresult r = driver().cuStreamSynchronize(stream);
     if (r != 0) {
         Failure(KPOOL_ERROR_DEVICE) << "cuda:" << device.index << ": synchronizing the stream failed (CUDA error "
                                     << r << ")";
@@ -221,12 +228,10 @@ void take_index_errors(const CudaDevice &device, void *stream, int32_t *words, i
     const Driver &d = driver();
     const uint64_t dptr = reinterpret_cast<uint64_t>(words);
     const size_t bytes = sizeof(int32_t) * static_cast<size_t>(count);
-    d.cuCtxPushCurrent(device.primary_context);
+    CurrentContext current(device.primary_context);
     const CUresult copied = d.cuMemcpyDtoHAsync(out, dptr, bytes, stream);
     const CUresult cleared = copied == 0 ? d.cuMemsetD32Async(dptr, 0, static_cast<size_t>(count), stream) : copied;
     const CUresult synced = cleared == 0 ? d.cuStreamSynchronize(stream) : cleared;
-    void *popped = nullptr;
-    d.cuCtxPopCurrent(&popped);
     if (synced != 0) {
         Failure(KPOOL_ERROR_DEVICE) << "exec->index_errors = " << static_cast<const void *>(words)
                                     << " could not be read on cuda:" << device.index << " (CUDA error " << synced
