@@ -325,8 +325,9 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
 // block either way), then, in the same block, one warp stashes the token,
 // each lane moving 4 bf16 of both halves. The fused loops are the blocks
 // (compute_with at `request_token`); the completion reads the ring input as
-// it was before the call (the algorithm). No ring_is_pow2 specialization:
-// Halide does not specialize stages fused with compute_with.
+// it was before the call (the algorithm). No ring_is_pow2 specialization
+// yet: with one (it compiles to two fused kernels) the kernel has not run
+// on a GPU.
 void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     const CudaPlan &plan = plan_for(build);
     DecodeWriteStages &w = s.write;
