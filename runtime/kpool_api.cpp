@@ -649,10 +649,7 @@ kpool_status_code kpool_check_index_errors(int32_t device_index, const kpool_exe
         if (exec == nullptr || exec->index_errors == nullptr) {
             invalid() << (exec == nullptr ? "exec" : "exec->index_errors") << " is NULL: there are no words to read";
         }
-        if (reinterpret_cast<uintptr_t>(exec->index_errors) % alignof(int32_t) != 0) {
-            invalid() << "exec->index_errors = " << static_cast<const void *>(exec->index_errors)
-                      << " is not 4-byte aligned (int32 words)";
-        }
+        require_index_errors_aligned(exec->index_errors);
         int32_t words[KPOOL_INDEX_ARGS] = {};
         take_index_errors(cuda_device(device_index, "exec->index_errors"), exec->stream, exec->index_errors, words,
                           KPOOL_INDEX_ARGS);

@@ -15,6 +15,13 @@ const KernelConstants kHostConstants;
 
 }  // namespace
 
+void require_index_errors_aligned(const int32_t *index_errors) {
+    if (reinterpret_cast<uintptr_t>(index_errors) % alignof(int32_t) != 0) {
+        invalid() << "exec->index_errors = " << static_cast<const void *>(index_errors)
+                  << " is not 4-byte aligned (int32 words)";
+    }
+}
+
 Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec) {
     if (exec != nullptr) {
         switch (exec->arithmetic) {
@@ -25,10 +32,8 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
                           << " is not a kpool_arithmetic (KPOOL_ARITHMETIC_EXACT or KPOOL_ARITHMETIC_TRITON)";
         }
     }
-    if (exec != nullptr && exec->index_errors != nullptr &&
-        reinterpret_cast<uintptr_t>(exec->index_errors) % alignof(int32_t) != 0) {
-        invalid() << "exec->index_errors = " << static_cast<const void *>(exec->index_errors)
-                  << " is not 4-byte aligned (int32 words)";
+    if (exec != nullptr) {
+        require_index_errors_aligned(exec->index_errors);
     }
     require_same_device(args);
     const TensorArg *first = *args.begin();

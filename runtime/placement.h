@@ -10,6 +10,9 @@
 
 namespace kpool::rt {
 
+// exec->index_errors, when given, points to int32 words.
+void require_index_errors_aligned(const int32_t *index_errors);
+
 class Placement {
 public:
     // All tensors on one device; exec's stream for CUDA and its arithmetic.
@@ -29,7 +32,7 @@ public:
     HalideBuffer &attach(HalideBuffer &buffer) const;
     HalideBuffer attach(HalideBuffer &&buffer) const { return attach(buffer); }
 
-    // `count` int32 words of device (or, on the host, host) memory at `data`.
+    // `count` int32 words at `data` (device memory on a device).
     HalideBuffer words(int32_t *data, int count) const;
 
     // Stride-0 constants standing in for absent optional inputs, in memory
