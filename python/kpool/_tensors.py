@@ -273,7 +273,13 @@ def cuda_warm_up(device=0) -> None:
     index, or a torch.device / "cuda:N"), on torch's current stream, which it
     then synchronizes: call before serving and before capturing CUDA graphs
     (kpool_cuda_warm_up). Later calls return at once."""
-    index = device if isinstance(device, int) else sys.modules["torch"].device(device).index or 0
+    if isinstance(device, int):
+        index = device
+    else:  # a torch.device or "cuda" / "cuda:N"
+        text = str(device)
+        if text.split(":")[0] != "cuda":
+            raise KpoolValueError(f"cuda_warm_up: device {device!r} is not a CUDA device")
+        index = int(text.partition(":")[2] or 0)
     e = KpoolExec()
     if "torch" in sys.modules and sys.modules["torch"].cuda.is_available():
         e.stream = _current_stream(index)

@@ -676,5 +676,8 @@ def test_index_errors_words_are_cuda_int32_tensors():
 
 
 def test_cuda_warm_up_names_a_missing_device():
-    with pytest.raises(kpool.KpoolError, match="device_index"):
-        kpool.cuda_warm_up(99)
+    for device in (99, "cuda:99"):
+        with pytest.raises(kpool.KpoolError, match="device_index"):
+            kpool.cuda_warm_up(device)
+    with pytest.raises(kpool.KpoolValueError, match="not a CUDA device"):
+        kpool.cuda_warm_up("cpu")
