@@ -9,13 +9,18 @@
 //   GpuFwht, GpuCompress, GpuSeed, GpuDecode, GpuExpandAndAppend,
 //   GpuExpandToTokens, GpuAppendTail, GpuEmpty
 //                engine-shaped random inputs for every op and the axes an
-//                engine varies (pool sizes 4, 8, 16: the CUDA variants built).
+//                engine varies (pool sizes 4, 8, 16: the CUDA variants built;
+//                decode at next_n = 1 runs its one-kernel variant).
+//   GpuDecodeManyRequests, GpuExpandManyRows
+//                70000 requests / rows: past grid y's 65535.
+//   GpuWarmUp    kpool_cuda_warm_up, then a first call captured in a graph.
 //   GpuGraph     a decode and a compress call captured on a non-default
 //                stream into a CUDA graph, replayed on fresh inputs.
 //   GpuThreads   two threads (and, as a stress, eight), one stream each, mixed
 //                ops on their own buffers.
-//   GpuBadIndex  out-of-range indices in device tensors: the call succeeds and
-//                the bad entries write nothing.
+//   GpuBadIndex  out-of-range indices in device tensors: the call succeeds,
+//                the bad entries write nothing, and exec->index_errors marks
+//                the argument (kpool_check_index_errors names it).
 //   GpuMixedDevices  a call with tensors on two devices is rejected, naming one.
 //
 // Device memory comes from the kpool tool's device layer (tools/device.h);

@@ -576,24 +576,40 @@ struct Desc {
 // arithmetic: now and then KPOOL_ARITHMETIC_TRITON, which a CPU call of an op
 // with a softmax pool refuses (the others run as in exact), or any int32.
 enum class PoolOp { kNo, kYes };
+// Now and then exec->index_errors too: host words here, which a CPU call
+// (it rejects out-of-range indices instead) must never write; misaligned
+// ones are rejected. Not copyable: exec points into it.
 struct CallOptions {
     bool with_status = true;
     kpool_exec exec{nullptr, KPOOL_ARITHMETIC_EXACT};
     bool with_exec = true;
     const char *rejection = nullptr;  // why the exec alone makes the call fail
+    alignas(8) uint8_t words[4 * KPOOL_INDEX_ARGS + 4] = {};
+    uint8_t words_before[sizeof(words)] = {};
     CallOptions(Input &in, PoolOp pool_op) {
         with_status = !in.chance(16);
         with_exec = !in.chance(16);
         if (in.chance(16)) exec.stream = reinterpret_cast<void *>(uintptr_t(0xdeadbeef));  // ignored on the CPU
         if (in.chance(24)) exec.arithmetic = in.flag() ? KPOOL_ARITHMETIC_TRITON : in.any<int32_t>();
+        if (in.chance(8)) {
+            for (uint8_t &b : words) b = in.any<uint8_t>();
+            const size_t offset = in.chance(8) ? 1 + in.pick(3) : 0;
+            exec.index_errors = reinterpret_cast<int32_t *>(words + offset);
+        }
+        std::memcpy(words_before, words, sizeof(words));
         if (!with_exec) return;
         if (exec.arithmetic != KPOOL_ARITHMETIC_EXACT && exec.arithmetic != KPOOL_ARITHMETIC_TRITON) {
             rejection = "an unknown exec->arithmetic";
         } else if (exec.arithmetic == KPOOL_ARITHMETIC_TRITON && pool_op == PoolOp::kYes) {
             rejection = "exec->arithmetic = KPOOL_ARITHMETIC_TRITON on the CPU";
+        } else if (reinterpret_cast<uintptr_t>(exec.index_errors) % 4 != 0) {
+            rejection = "a misaligned exec->index_errors";
         }
     }
+    CallOptions(const CallOptions &) = delete;
+    CallOptions &operator=(const CallOptions &) = delete;
     const kpool_exec *ex() const { return with_exec ? &exec : nullptr; }
+    bool words_untouched() const { return std::memcmp(words, words_before, sizeof(words)) == 0; }
 };
 
 inline const int kPoolSizes[] = {1, 2, 4, 8, 16, 32, 64};
@@ -642,6 +658,7 @@ inline bool settle(kpool_status_code rc, const kpool_status &st, const CallOptio
     note("-> %s: %s", kpool_status_name(rc), o.with_status ? st.message : "(no status)");
     if (std::getenv("KPOOL_FUZZ_VERBOSE")) std::fprintf(stderr, "%s\n", notes().c_str());
     check_status(rc, st, o.with_status, op);
+    KFUZZ_CHECK(o.words_untouched(), "%s wrote exec->index_errors on the CPU", op);
     if (o.rejection) {
         must_fail = must_fail ? must_fail : o.rejection;
         must_succeed = false;
