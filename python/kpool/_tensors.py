@@ -281,7 +281,8 @@ def cuda_warm_up(device=0) -> None:
             raise KpoolValueError(f"cuda_warm_up: device {device!r} is not a CUDA device")
         index = int(text.partition(":")[2] or 0)
     e = KpoolExec()
-    if "torch" in sys.modules and sys.modules["torch"].cuda.is_available():
+    torch = sys.modules.get("torch")
+    if torch is not None and 0 <= index < torch.cuda.device_count():  # else the library names the device
         e.stream = _current_stream(index)
     status = new_status()
     _lib.check(_lib.load().kpool_cuda_warm_up(index, ctypes.byref(e), ctypes.byref(status)), status)
