@@ -117,9 +117,14 @@ TensorArg require_ape(const kpool_tensor *t, int32_t pool_size) {
     return ape;
 }
 
+// The slots a loc / slot_mapping addresses: pages x block_size.
+int64_t cache_slot_count(const TensorArg &kv_cache) { return kv_cache.dim(0) * kv_cache.dim(1); }
+// The slots a tail slot addresses: blocks x RING.
+int64_t tail_slot_count(const TensorArg &tail) { return tail.dim(0) * tail.dim(2); }
+
 // Every non-negative loc addresses a slot of the cache.
 void require_locs_in_cache(const TensorArg &locs, const TensorArg &kv_cache, const TensorArg *mask) {
-    int64_t slots = kv_cache.dim(0) * kv_cache.dim(1);
+    int64_t slots = cache_slot_count(kv_cache);
     for (int64_t i = 0; i < locs.numel(); i++) {
         if (mask != nullptr && static_cast<const uint8_t *>(mask->t->data)[i * mask->stride(0)] == 0) {
             continue;
@@ -400,7 +405,7 @@ kpool_status_code kpool_compress_and_write_cache(
             require_locs_in_cache(loc, kv_cache, mask);
         }
         if (write_cache) {
-            mark_index_errors(where, KPOOL_INDEX_LOC, loc, kv_cache.dim(0) * kv_cache.dim(1), mask);
+            mark_index_errors(where, KPOOL_INDEX_LOC, loc, cache_slot_count(kv_cache), mask);
         }
         if (n == 0) {
             return 0;
@@ -454,7 +459,7 @@ kpool_status_code kpool_seed_tail_cache(const kpool_tensor *tail_kv_cache_, cons
         if (where.on_host()) {
             require_tslots_in_tail(tslot, tail);
         }
-        mark_index_errors(where, KPOOL_INDEX_TSLOT, tslot, tail.dim(0) * tail.dim(2), nullptr);
+        mark_index_errors(where, KPOOL_INDEX_TSLOT, tslot, tail_slot_count(tail), nullptr);
         if (key.dim(0) == 0 || tail.numel() == 0) {
             return 0;  // nothing to seed, or no block to seed into (every tslot is a sentinel)
         }
@@ -499,8 +504,8 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
             require_locs_in_cache(slots, kv_cache, nullptr);
             require_tslots_in_tail(tail_slots, tail);
         }
-        mark_index_errors(where, KPOOL_INDEX_SLOT_MAPPING, slots, kv_cache.dim(0) * kv_cache.dim(1), nullptr);
-        mark_index_errors(where, KPOOL_INDEX_TAIL_SLOT_MAPPING, tail_slots, tail.dim(0) * tail.dim(2), nullptr);
+        mark_index_errors(where, KPOOL_INDEX_SLOT_MAPPING, slots, cache_slot_count(kv_cache), nullptr);
+        mark_index_errors(where, KPOOL_INDEX_TAIL_SLOT_MAPPING, tail_slots, tail_slot_count(tail), nullptr);
         for (int64_t i = 0; where.on_host() && i < key.dim(0) * key.dim(1); i++) {
             int64_t pos = index_at(positions, i);
             skipped += index_at(slots, i) >= 0 && pos >= 0 && pos % pool_size == pool_size - 1 &&

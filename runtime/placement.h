@@ -25,7 +25,7 @@ public:
     const char *family() const { return cuda_ ? cuda_->family : "cpu"; }
     // exec->index_errors on a device call: where out-of-range indices are
     // marked; NULL on the host (which rejects them) or when not asked for.
-    int32_t *index_errors() const { return cuda_ ? index_errors_ : nullptr; }
+    int32_t *index_errors() const { return index_errors_; }
 
     // A buffer wrapping caller memory, moved to the device side on CUDA
     // (the pointer is a device pointer: wrapped, never copied).
@@ -69,7 +69,7 @@ private:
     const CudaDevice *cuda_ = nullptr;
     CudaCall call_{};
     const char *arithmetic_ = "exact";
-    int32_t *index_errors_ = nullptr;
+    int32_t *index_errors_ = nullptr;  // set for device calls only
 };
 
 }  // namespace kpool::rt

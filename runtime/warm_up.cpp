@@ -5,6 +5,7 @@
 #include "warm_up.h"
 
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,7 +88,8 @@ kpool_status_code run_variant(const VariantKey &v, ScratchTensors &tensor, const
         return kpool_decode_update_and_maybe_write_cache_batched(&cache, &tail, &tsm, &key, &score, &ape, &sm, &pos,
                                                                  P, D, 1, &exec, st);
     }
-    case Kernel::SEED_TAIL: {
+    case Kernel::SEED_TAIL:
+    case Kernel::INDEX_CHECK: {  // the index check runs inside a call with an index of its type: seed's tslot
         const kpool_tensor tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}),
                            gate = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}), tslot = tensor(index_dtype(v.type), {1});
         return kpool_seed_tail_cache(&tail, &key, &gate, &tslot, P, D, &exec, st);
@@ -107,12 +109,6 @@ kpool_status_code run_variant(const VariantKey &v, ScratchTensors &tensor, const
                            pools = tensor(KPOOL_DTYPE_INT32, {1}), out = tensor(KPOOL_DTYPE_INT32, {1, P});
         return kpool_append_tail_to_topk(&topk, &seq, &pools, nullptr, nullptr, &out, P, &exec, st);
     }
-    case Kernel::INDEX_CHECK: {
-        // Runs inside a call with an index of its type: seed's tslot.
-        const kpool_tensor tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}),
-                           gate = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}), tslot = tensor(index_dtype(v.type), {1});
-        return kpool_seed_tail_cache(&tail, &key, &gate, &tslot, P, D, &exec, st);
-    }
     }
     Failure(KPOOL_ERROR_INTERNAL) << "warm-up: no call runs kernel kind " << static_cast<int>(v.kind);
     return KPOOL_ERROR_INTERNAL;
@@ -122,10 +118,10 @@ kpool_status_code run_variant(const VariantKey &v, ScratchTensors &tensor, const
 
 void warm_up_cuda(int device_index, void *stream) {
     static std::mutex mutex;
-    static std::vector<bool> warm;
+    static std::set<int> warm;  // device indices
     const CudaDevice &device = cuda_device(device_index, "kpool_cuda_warm_up: device_index");
     std::lock_guard<std::mutex> lock(mutex);
-    if (warm.size() > static_cast<size_t>(device_index) && warm[device_index]) {
+    if (warm.count(device_index) != 0) {
         return;
     }
     auto *base = static_cast<uint8_t *>(device_scratch(device, kScratchBytes));
@@ -145,10 +141,7 @@ void warm_up_cuda(int device_index, void *stream) {
         }
     }
     synchronize_stream(device, stream);
-    if (warm.size() <= static_cast<size_t>(device_index)) {
-        warm.resize(device_index + 1, false);
-    }
-    warm[device_index] = true;
+    warm.insert(device_index);
 }
 
 }  // namespace kpool::rt

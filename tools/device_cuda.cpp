@@ -143,19 +143,21 @@ public:
     kpool_exec exec() const override { return kpool_exec{nullptr, KPOOL_ARITHMETIC_EXACT, index_errors_}; }
 
     bool time_empty_launches(int calls, double *us_per_call) override {
-        // PTX of a kernel that returns at once, JIT-compiled by the driver.
-        static const char kEmptyKernel[] =
-            ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry kpool_empty() { ret; }\n";
         const DriverApi &d = driver();
-        CUmodule module = nullptr;
-        CUfunction empty = nullptr;
-        check(d.cuModuleLoadData(&module, kEmptyKernel), "cuModuleLoadData");
-        check(d.cuModuleGetFunction(&empty, module, "kpool_empty"), "cuModuleGetFunction");
-        check(d.cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
+        if (empty_kernel_ == nullptr) {
+            // PTX of a kernel that returns at once, JIT-compiled by the driver
+            // when loaded (kept loaded, with the context), then run once.
+            static const char kEmptyKernel[] =
+                ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry kpool_empty() { ret; }\n";
+            CUmodule module = nullptr;
+            check(d.cuModuleLoadData(&module, kEmptyKernel), "cuModuleLoadData");
+            check(d.cuModuleGetFunction(&empty_kernel_, module, "kpool_empty"), "cuModuleGetFunction");
+            check(d.cuLaunchKernel(empty_kernel_, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
+        }
         synchronize();
         const auto start = std::chrono::steady_clock::now();
         for (int i = 0; i < calls; ++i) {
-            check(d.cuLaunchKernel(empty, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
+            check(d.cuLaunchKernel(empty_kernel_, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
         }
         const auto end = std::chrono::steady_clock::now();
         synchronize();
@@ -173,6 +175,7 @@ private:
     CUcontext context_ = nullptr;
     std::string name_;
     int32_t *index_errors_ = nullptr;
+    CUfunction empty_kernel_ = nullptr;  // time_empty_launches' kernel, loaded at its first call
 };
 
 }  // namespace
