@@ -26,6 +26,14 @@ function(kpool_add_kernel function)
                        PARAMS ${params}
                        USE_RUNTIME kpool_halide_runtime
                        ${extra_outputs})
+    if (ARG_DEVICE STREQUAL "sm90")
+        # sm_90 instructions in sm_80 PTX (Halide 21 names no sm_90): raise
+        # the header in the object and check the kernel with ptxas.
+        add_custom_command(OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/${function}.h" APPEND
+                           COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/cmake/ptx_to_sm90.py"
+                                   "${CMAKE_CURRENT_BINARY_DIR}/${function}${CMAKE_C_OUTPUT_EXTENSION}"
+                                   "${KPOOL_PTXAS}")
+    endif ()
     set_property(GLOBAL APPEND PROPERTY KPOOL_KERNEL_LIBS ${function})
     if (ARG_VARIANT)
         set_property(GLOBAL APPEND PROPERTY KPOOL_VARIANT_LINES "${ARG_DEVICE}, ${ARG_VARIANT}")

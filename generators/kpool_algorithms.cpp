@@ -83,11 +83,11 @@ Hadamard128 hadamard128(Func x, const Var &v, const Var &lane, const std::vector
         Expr self = prev(with_two(v, lane, rows));
         Expr other;
         Partner p;
-        // Which index holds bit `stride` of d: v's low bits, then lane's
-        // (or the other way round, interleaved).
-        const int low_extent = layout.interleaved ? L : V;
-        const bool in_lane = (stride < low_extent) != layout.interleaved;
-        const int bit = stride < low_extent ? stride : stride / low_extent;
+        // Which index holds bit `stride` of d: from the lowest, v % run,
+        // then lane, then v / run (RowLayout::element).
+        const int run = layout.run;
+        const bool in_lane = stride < run || stride >= run * L;
+        const int bit = stride < run ? stride : stride < run * L ? stride / run : stride / L;
         if (in_lane) {
             p = partner(v, bit, V, layout.partner_by_index);
             other = p.read([&](Expr i) { return prev(with_two(i, lane, rows)); });
@@ -104,7 +104,8 @@ Hadamard128 hadamard128(Func x, const Var &v, const Var &lane, const std::vector
 }
 
 Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, const std::vector<Var> &rows,
-                        const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith) {
+                        const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith,
+                        E4m3Encoder encoder) {
     const int V = layout.values_per_lane, L = layout.lanes();
     Fp8Row q;
     q.round_scale = round_scale;
@@ -135,21 +136,22 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
     // div.full.f32's: its reciprocal of a power of two is exact too).
     Expr x_d = x(with_two(layout.value_of(d), layout.lane_of(d), rows));
     Expr scale = q.lane_scale(with_first(layout.lane_of(d), rows));
-    Expr quotient = select(round_scale, x_d * ue8m0_reciprocal(scale), arith.divide(x_d, scale));
-    Expr y = clamp(quotient, -kFp8Max, kFp8Max);
-    q.codes(with_d(d, rows)) = e4m3_encode(y);
+    q.quotient = Func{"fp8_quotient"};
+    q.quotient(with_d(d, rows)) = select(round_scale, x_d * ue8m0_reciprocal(scale), arith.divide(x_d, scale));
+    q.encoder = encoder;
+    q.codes(with_d(d, rows)) = e4m3_encode_saturated(q.quotient(with_d(d, rows)), encoder);
     return q;
 }
 
 RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &lane,
                             const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale,
-                            const PoolArithmetic &arith) {
+                            const PoolArithmetic &arith, E4m3Encoder encoder) {
     RotateQuant r;
     r.input = x_f32;
     r.rotation = hadamard128(x_f32, v, lane, rows, layout);
     r.rotated = Func{"rotated_bf16"};
     r.rotated(lane_args(v, lane, rows)) = round_to_bf16(r.rotation.output(with_two(v, lane, rows)));
-    r.quant = quantize_fp8_row(r.rotated, d, v, lane, rows, layout, round_scale, arith);
+    r.quant = quantize_fp8_row(r.rotated, d, v, lane, rows, layout, round_scale, arith, encoder);
     return r;
 }
 
@@ -191,12 +193,13 @@ SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Va
 
 CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d, const Var &j,
                            const Var &v, const Var &lane, const std::vector<Var> &rows,
-                           const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith) {
+                           const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith,
+                           E4m3Encoder encoder) {
     CompressPool c;
     c.pool = softmax_pool(key, score, ape, pool_size, d, j, rows, arith);
     c.pooled_bf16 = Func{"pooled_bf16"};
     c.pooled_bf16(with_d(d, rows)) = round_to_bf16(c.pool.pooled(with_d(d, rows)));
-    c.rotate = rotate_quantize(c.pooled_bf16, d, v, lane, rows, layout, round_scale, arith);
+    c.rotate = rotate_quantize(c.pooled_bf16, d, v, lane, rows, layout, round_scale, arith, encoder);
     return c;
 }
 

@@ -23,27 +23,27 @@ using Halide::Var;
 std::vector<Var> with_d(const Var &d, const std::vector<Var> &rows);
 
 // How a 128-wide row is spread over lanes of parallel hardware: each of
-// lanes() lanes holds values_per_lane elements, either consecutive ones
-// (d = lane * values_per_lane + v) or, `interleaved`, every lanes()-th one
-// (d = v * lanes() + lane: the lanes' elements of one v side by side in
-// memory, so a GPU warp's loads and stores of each v are contiguous).
-// Butterflies whose stride is a bit of v stay inside a lane, the others pair
-// lanes (warp shuffles on a GPU, vector shifts on a CPU). The layout changes
-// no arithmetic: every element sees the same operations in the same order.
-// schedules/ chooses it per target.
+// lanes() lanes holds values_per_lane elements, in runs of `run` consecutive
+// ones, the lanes' runs side by side:
+//   d = ((v / run) * lanes() + lane) * run + v % run.
+// run = values_per_lane: a lane holds one stretch of the row; run = 1: every
+// lanes()-th element (a GPU warp's loads and stores of each v contiguous);
+// run = 4 in between: a lane's run is one 8-byte load of bf16 and one 4-byte
+// store of codes. Butterflies whose stride is a bit of v stay inside a lane,
+// the others pair lanes (warp shuffles on a GPU, vector shifts on a CPU).
+// The layout changes no arithmetic: every element sees the same operations
+// in the same order. schedules/ chooses it per target.
 struct RowLayout {
     int values_per_lane = 1;
     // How a lane reads its butterfly partner i ^ bit: at one computed index
     // (one warp shuffle on a GPU), or as two affine reads i + bit and i - bit
     // of which a select keeps one (contiguous vector loads on a CPU).
     bool partner_by_index = false;
-    bool interleaved = false;
+    int run = 1;  // a power of two dividing values_per_lane
     int lanes() const { return kHeadDim / values_per_lane; }
-    Expr element(Expr v, Expr lane) const {
-        return interleaved ? v * lanes() + lane : lane * values_per_lane + v;
-    }
-    Expr lane_of(Expr d) const { return interleaved ? d % lanes() : d / values_per_lane; }
-    Expr value_of(Expr d) const { return interleaved ? d / lanes() : d % values_per_lane; }
+    Expr element(Expr v, Expr lane) const { return ((v / run) * lanes() + lane) * run + v % run; }
+    Expr lane_of(Expr d) const { return (d / run) % lanes(); }
+    Expr value_of(Expr d) const { return (d / (run * lanes())) * run + d % run; }
 };
 
 // Hadamard-128 over d of x(d, rows...): seven butterfly stages, stride 1 to
@@ -64,12 +64,16 @@ struct Fp8Row {
     std::vector<Func> absmax_stages;  // butterfly over lanes
     Func lane_scale;                 // (lane, rows...) f32, equal on every lane
     Func scale;                      // (d, rows...) f32: the row's scale, seen from element d
+    Func quotient;                   // (d, rows...) f32: x / scale, before the e4m3 encoder clamps it
     Func codes;                      // (d, rows...) e4m3 bits
+    E4m3Encoder encoder = E4m3Encoder::Integer;
     Expr round_scale;                // a schedule specializes on it (two kernels, no select)
 };
-// x / scale divides as `arith` does (one kernel of each arithmetic).
+// x / scale divides as `arith` does (one kernel of each arithmetic); codes
+// come from `encoder` (the same bytes from each).
 Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, const std::vector<Var> &rows,
-                        const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith);
+                        const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith,
+                        E4m3Encoder encoder);
 
 // bf16 row -> Hadamard-128 -> bf16 -> fp8: fwht128_quant_fp8 per row.
 struct RotateQuant {
@@ -80,7 +84,7 @@ struct RotateQuant {
 };
 RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &lane,
                             const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale,
-                            const PoolArithmetic &arith);
+                            const PoolArithmetic &arith, E4m3Encoder encoder);
 
 // Softmax pooling of P slots, per dim d:
 //   s_j = score_j + ape_j, m = max_j s_j, p_j = exp(s_j - m),
@@ -107,7 +111,8 @@ struct CompressPool {
 };
 CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const Var &d, const Var &j,
                            const Var &v, const Var &lane, const std::vector<Var> &rows,
-                           const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith);
+                           const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith,
+                           E4m3Encoder encoder);
 
 // Cache addressing (SPEC "Memory layouts"). The kernels see the planar K
 // cache as two views of the same bytes, written together as one Tuple:

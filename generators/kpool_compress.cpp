@@ -49,7 +49,8 @@ protected:
         const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
         s.layout = row_layout(plan, {RowKernel::Kind::Compress, arith});
         return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
-                             {arith, rounding_barrier(slot_k.dim(2).stride()), exp_branches(plan)});
+                             {arith, rounding_barrier(slot_k.dim(2).stride()), exp_branches(plan)},
+                             e4m3_encoder(plan));
     }
 };
 

@@ -120,7 +120,8 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
     s.layout = row_layout(plan, {RowKernel::Kind::Decode, arith});
     s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
-                               in.round_scale, {arith, rounding_barrier(in.key.dim(2).stride()), exp_branches(plan)});
+                               in.round_scale, {arith, rounding_barrier(in.key.dim(2).stride()), exp_branches(plan)},
+                               e4m3_encoder(plan));
 
     // A completion needs a tail block: with tail_slot < 0 the reference
     // would read block 0 (another request's); we write nothing and the

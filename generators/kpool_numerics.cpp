@@ -42,6 +42,38 @@ Expr e4m3_encode(Expr x) {
     return select(is_nan, sign | cast<uint8_t>(0x7f), sign | cast<uint8_t>(code));
 }
 
+namespace {
+
+// cvt.rn.satfinite.e4m3x2.f32: the code of `high` in the high byte of the
+// result, that of `low` in the low byte.
+Expr e4m3x2_sm90(Expr high, Expr low) {
+    return Internal::Call::make(UInt(16), "llvm.nvvm.ff.to.e4m3x2.rn", {high, low}, Internal::Call::PureExtern);
+}
+
+Expr clamp_fp8(Expr x) {
+    return clamp(x, -kFp8Max, kFp8Max);
+}
+
+}  // namespace
+
+Expr e4m3_encode_saturated(Expr x, E4m3Encoder encoder) {
+    if (encoder == E4m3Encoder::Sm90) {
+        return cast<uint8_t>(e4m3x2_sm90(0.0f, x));
+    }
+    return e4m3_encode(clamp_fp8(x));
+}
+
+Expr e4m3_word_saturated(const Expr (&x)[4], E4m3Encoder encoder) {
+    if (encoder == E4m3Encoder::Sm90) {
+        return cast<uint32_t>(e4m3x2_sm90(x[1], x[0])) | (cast<uint32_t>(e4m3x2_sm90(x[3], x[2])) << 16);
+    }
+    Expr word = cast<uint32_t>(0);
+    for (int i = 0; i < 4; i++) {
+        word = word | (cast<uint32_t>(e4m3_encode(clamp_fp8(x[i]))) << (8 * i));
+    }
+    return word;
+}
+
 Expr ue8m0_scale(Expr m) {
     Expr u = reinterpret<uint32_t>(m);
     Expr exponent = (u >> 23) & 0xff;

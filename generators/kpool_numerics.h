@@ -32,6 +32,19 @@ Halide::Expr abs_f32(Halide::Expr x);
 // Expects |x| <= 448 or NaN (callers clamp first, as the reference does).
 Halide::Expr e4m3_encode(Halide::Expr x);
 
+// How f32 values become e4m3 codes:
+//  - Integer: e4m3_encode on the clamped value, on integer bits (every target);
+//  - Sm90: sm_90's cvt.rn.satfinite.e4m3x2.f32, two values per instruction,
+//    round to nearest even, saturating at +-448 (the clamp, in hardware) and
+//    NaN to 0x7f as e4m3_encode does. Halide 21 cannot name sm_90: the
+//    build raises the PTX header of kernels that use it (cmake/ptx_to_sm90.py).
+enum class E4m3Encoder { Integer, Sm90 };
+// x clamped to [-448, 448], then its e4m3 code.
+Halide::Expr e4m3_encode_saturated(Halide::Expr x, E4m3Encoder encoder);
+// The codes of four values, first in the low byte (little-endian memory
+// order): one 32-bit store.
+Halide::Expr e4m3_word_saturated(const Halide::Expr (&x)[4], E4m3Encoder encoder);
+
 // ue8m0 scale of a row: 2^ceil(log2(m)) for m = max(absmax, 1e-4) / 448,
 // exact from the bits of m; without round_scale, m itself.
 Halide::Expr fp8_scale(Halide::Expr absmax, Halide::Expr round_scale);

@@ -12,6 +12,7 @@ namespace kpool::rt {
 
 enum class Kernel {
     FWHT,
+    FWHT_WORDS,  // CUDA: rows of 8-byte words in, 4-byte words out
     COMPRESS_TO_CACHE,
     COMPRESS_TO_ROWS,
     SEED_TAIL,

@@ -23,9 +23,16 @@ struct CacheViews {
 };
 CacheViews wrap_kv_cache(const TensorArg &kv_cache);
 
-// Per-row f32 scales ([rows] or [rows, 1]) as (d, row) with d stride 0, the
-// second view of a (codes, scale) output.
-HalideBuffer wrap_row_scales(const TensorArg &scales);
+// A [rows, 128] tensor (inner-contiguous) as (word, row) words of
+// `word_bytes` bytes, when its data and rows are aligned to them: the words
+// kernels load and store a word at once.
+bool rows_fit_words(const TensorArg &a, int64_t word_bytes);
+HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes);
+
+// Per-row f32 scales ([rows] or [rows, 1]) as (x, row) with x stride 0 and
+// extent `per_row` (the elements or words of the row), the second view of a
+// (codes, scale) output.
+HalideBuffer wrap_row_scales(const TensorArg &scales, int32_t per_row = KPOOL_HEAD_DIM);
 
 // The tail ring as (d, ring_pos, half, block).
 HalideBuffer wrap_tail(const TensorArg &tail);

@@ -332,6 +332,15 @@ kpool_status_code kpool_fwht128_quant_fp8(const kpool_tensor *q_, const kpool_te
         if (q.dim(0) == 0) {
             return 0;
         }
+        // Rows aligned to words (torch's are) take the words kernel: a
+        // lane's 4 bf16 in one 8-byte load, its 4 codes in one 4-byte store.
+        if (!where.on_host() && rows_fit_words(q, 8) && rows_fit_words(q_fp8, 4)) {
+            HalideBuffer in = wrap_row_words(q, 8), codes = wrap_row_words(q_fp8, 4),
+                         scales = wrap_row_scales(q_scale, KPOOL_HEAD_DIM / 4);
+            where.launch(Kernel::FWHT_WORDS, "fwht128_quant_fp8", 0, "none", where.attach(in).raw_buffer(),
+                         where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
+            return 0;
+        }
         HalideBuffer in = wrap(q), codes = wrap(q_fp8), scales = wrap_row_scales(q_scale);
         where.launch(Kernel::FWHT, "fwht128_quant_fp8", 0, "none", where.attach(in).raw_buffer(),
                      where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());

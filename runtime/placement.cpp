@@ -23,14 +23,11 @@ void require_index_errors_aligned(const int32_t *index_errors) {
 }
 
 Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec) {
-    if (exec != nullptr) {
-        switch (exec->arithmetic) {
-            case KPOOL_ARITHMETIC_EXACT: arithmetic_ = "exact"; break;
-            case KPOOL_ARITHMETIC_TRITON: arithmetic_ = "triton"; break;
-            default:
-                invalid() << "exec->arithmetic = " << exec->arithmetic
-                          << " is not a kpool_arithmetic (KPOOL_ARITHMETIC_EXACT or KPOOL_ARITHMETIC_TRITON)";
-        }
+    const int32_t requested = exec != nullptr ? exec->arithmetic : KPOOL_ARITHMETIC_DEFAULT;
+    if (requested != KPOOL_ARITHMETIC_DEFAULT && requested != KPOOL_ARITHMETIC_EXACT &&
+        requested != KPOOL_ARITHMETIC_TRITON) {
+        invalid() << "exec->arithmetic = " << requested
+                  << " is not a kpool_arithmetic (KPOOL_ARITHMETIC_DEFAULT, _EXACT or _TRITON)";
     }
     if (exec != nullptr) {
         require_index_errors_aligned(exec->index_errors);
@@ -49,6 +46,10 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
         call_ = {cuda_->primary_context, exec != nullptr ? exec->stream : nullptr};
         index_errors_ = exec != nullptr ? exec->index_errors : nullptr;
     }
+    // The default is the reference's arithmetic where it exists (CUDA) and
+    // the contract's everywhere else.
+    const bool triton = requested == KPOOL_ARITHMETIC_TRITON || (requested == KPOOL_ARITHMETIC_DEFAULT && !on_host());
+    arithmetic_ = triton ? "triton" : "exact";
 }
 
 void Placement::require_pool_arithmetic() const {

@@ -59,9 +59,16 @@ kpool_status_code run_variant(const VariantKey &v, ScratchTensors &tensor, const
     const int32_t D = KPOOL_HEAD_DIM;
     const int P = v.pool_size > 0 ? v.pool_size : 4;
     switch (v.kind) {
-    case Kernel::FWHT: {
-        const kpool_tensor q = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}), codes = tensor(KPOOL_DTYPE_UINT8, {1, D}),
-                           scale = tensor(KPOOL_DTYPE_FLOAT32, {1});
+    case Kernel::FWHT:
+    case Kernel::FWHT_WORDS: {
+        // Scratch tensors are word-aligned (the words kernel); one element
+        // in, they are not (the element kernel).
+        kpool_tensor q = tensor(KPOOL_DTYPE_BFLOAT16, {1, D + 1});
+        const kpool_tensor codes = tensor(KPOOL_DTYPE_UINT8, {1, D}), scale = tensor(KPOOL_DTYPE_FLOAT32, {1});
+        q.shape[1] = D;
+        if (v.kind == Kernel::FWHT) {
+            q.data = static_cast<uint16_t *>(q.data) + 1;
+        }
         return kpool_fwht128_quant_fp8(&q, &codes, &scale, &exec, st);
     }
     case Kernel::COMPRESS_TO_CACHE:

@@ -27,15 +27,19 @@ void pure_stage_on_gpu(Func out) {
 struct CudaPlan {
     const char *gpu;
     int row_threads;  // threads per block of the fwht and compress kernels
-    // Values per lane of a row (4, 8 or 16). More values per lane, fewer
+    // e4m3 codes from sm_90's cvt.rn.satfinite.e4m3x2.f32 (one instruction
+    // per pair, the clamp included) instead of integer bit arithmetic.
+    bool e4m3_sm90;
+    // Values per lane of a row (4 to 32). More values per lane, fewer
     // instructions per element (in-lane butterflies instead of shuffles, one
     // index computation for more elements), more registers per lane.
     int fwht_values;
-    // fwht's lanes interleaved (element v * lanes + lane): a warp's loads
-    // and stores of each v are contiguous. (The softmax kernels are not: a
-    // lane's pooled elements would be a strided range of d, which the
-    // pool's per-d stages, bounded per lane, cannot follow.)
-    bool fwht_interleaved;
+    // fwht's lanes hold runs of this many consecutive elements (RowLayout):
+    // 4, one 8-byte word of bf16 in and one 4-byte word of codes out per
+    // run in the words kernel; 1, a warp's loads of each v contiguous. (The
+    // softmax kernels keep a lane's elements consecutive: their pool's per-d
+    // stages are bounded per lane.)
+    int fwht_run;
     int compress_values;         // exact arithmetic (slot loops kept)
     int compress_triton_values;  // slot loops unrolled: P x V weights live
     int decode_values;           // latency-bound: more lanes per token
@@ -70,8 +74,8 @@ struct CudaPlan {
 // and stores (non-interleaved, 8-byte loads, 16-byte code stores): 281 ->
 // 278 us.
 constexpr CudaPlan kPlans[] = {
-    {"sm80", 128, 16, true, 8, 4, 4, true, 16, 8, 4, 256, 1024},
-    {"sm90", 128, 16, true, 8, 4, 4, true, 16, 8, 4, 256, 1024},
+    {"sm80", 128, false, 16, 1, 8, 4, 4, true, 16, 8, 4, 256, 1024},
+    {"sm90", 128, true, 32, 4, 8, 4, 4, true, 16, 8, 4, 256, 1024},
 };
 
 const CudaPlan &plan_for(const BuildPlan &build) {
@@ -82,6 +86,14 @@ const CudaPlan &plan_for(const BuildPlan &build) {
     }
     throw CompileError("no CUDA plan for gpu=" + build.gpu + " (known: sm80, sm90)");
 }
+
+}  // namespace
+
+E4m3Encoder e4m3_encoder(const BuildPlan &build) {
+    return plan_for(build).e4m3_sm90 ? E4m3Encoder::Sm90 : E4m3Encoder::Integer;
+}
+
+namespace {
 
 constexpr int kValuesPerLane = 4;  // of the seed and stash copies: 8 bytes per lane
 constexpr int kWarpSize = 32;
@@ -108,18 +120,22 @@ void compute_row_in_warp(RotateQuant &r, const Var &v, const Var &lane, LoopLeve
     in_warp_registers(r.quant.lane_scale, lane, at);
 }
 
-// A (codes, scale) output over (d, row): row_threads / lanes rows per block,
-// each lane storing its V elements (d as the layout's (lane, v)).
-void rows_in_lanes(Func out, const Var &d, const Var &row, const Var &v, const Var &lane, const RowLayout &layout,
-                   const CudaPlan &plan, Var &row_in_block) {
-    Var rb{"row_block"};
-    (layout.interleaved ? out.split(d, v, lane, layout.lanes()) : out.split(d, lane, v, layout.values_per_lane))
+// A (codes, scale) output over (x, row), x an element or (codes_per_word
+// > 1) a word of consecutive elements: row_threads / lanes rows per block,
+// each lane storing its V elements, run by run (RowLayout::element:
+// x = (run_index * lanes + lane) * run + in_run, in units of x).
+void rows_in_lanes(Func out, const Var &x, const Var &row, const Var &lane, const RowLayout &layout,
+                   const CudaPlan &plan, Var &row_in_block, int codes_per_word = 1) {
+    Var rb{"row_block"}, run_index{"run_index"}, in_run{"in_run"};
+    out.split(x, x, in_run, layout.run / codes_per_word)
+        .split(x, run_index, lane, layout.lanes())
         .split(row, rb, row_in_block, plan.row_threads / layout.lanes(), TailStrategy::GuardWithIf)
-        .reorder(v, lane, row_in_block, rb)
+        .reorder(in_run, run_index, lane, row_in_block, rb)
         .gpu_blocks(rb)
         .gpu_threads(row_in_block)
         .gpu_lanes(lane)
-        .unroll(v);
+        .unroll(in_run)
+        .unroll(run_index);
 }
 
 }  // namespace
@@ -138,16 +154,17 @@ RowLayout row_layout(const BuildPlan &build, const RowKernel &kernel) {
         values = plan.decode_values;
         break;
     }
-    if (values != 4 && values != 8 && values != 16) {
-        throw CompileError("CUDA plan " + build.gpu + ": values per lane must be 4, 8 or 16");
+    if (values != 4 && values != 8 && values != 16 && values != 32) {
+        throw CompileError("CUDA plan " + build.gpu + ": values per lane must be 4, 8, 16 or 32");
     }
-    const bool interleaved = kernel.kind == RowKernel::Kind::Fwht && plan.fwht_interleaved;
-    return RowLayout{values, /*partner_by_index=*/true, interleaved};
+    const int run = kernel.kind == RowKernel::Kind::Fwht ? plan.fwht_run : values;
+    return RowLayout{values, /*partner_by_index=*/true, run};
 }
 
 void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
     Var ri{"row_in_block"};
-    rows_in_lanes(s.out, s.d, s.row, s.v, s.lane, s.layout, plan_for(build), ri);
+    rows_in_lanes(s.out, s.codes_per_word > 1 ? s.word : s.d, s.row, s.lane, s.layout, plan_for(build), ri,
+                  s.codes_per_word);
     compute_row_in_warp(s.rotate, s.v, s.lane, LoopLevel(s.out, ri));
 }
 
@@ -205,7 +222,7 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
 
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) {
     Var pi{"pool_in_block"};
-    rows_in_lanes(s.out, s.d, s.pool, s.v, s.lane, s.layout, plan_for(build), pi);
+    rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan_for(build), pi);
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi),
                          s.compress.pool.arithmetic == Arithmetic::Triton);
 }

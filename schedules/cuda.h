@@ -7,5 +7,6 @@ namespace kpool::cuda {
 
 #include "family.inc"
 int seed_group_size(const BuildPlan &plan);  // warps per block of the seed copy
+E4m3Encoder e4m3_encoder(const BuildPlan &plan);
 
 }  // namespace kpool::cuda

@@ -18,6 +18,10 @@ bool exp_branches(const BuildPlan &plan) {
     return plan.target.has_feature(Target::CUDA);
 }
 
+E4m3Encoder e4m3_encoder(const BuildPlan &plan) {
+    return plan.target.has_feature(Target::CUDA) ? cuda::e4m3_encoder(plan) : E4m3Encoder::Integer;
+}
+
 #define KPOOL_DISPATCH(name, Stages)                                    \
     void name(Stages &s, const BuildPlan &plan) {                       \
         if (plan.target.has_feature(Target::CUDA)) {                    \

@@ -37,12 +37,15 @@ RowLayout row_layout(const BuildPlan &plan, const RowKernel &kernel);
 // Whether exp's exact path is a branch taken only where needed (GPU threads)
 // rather than computed for every element and selected (vector CPU code).
 bool exp_branches(const BuildPlan &plan);
+// How the family's kernels encode e4m3 (sm_90's instruction, or integer bits).
+E4m3Encoder e4m3_encoder(const BuildPlan &plan);
 
 struct FwhtStages {
-    Var d{"d"}, row{"row"}, v{"v"}, lane{"lane"};
+    Var d{"d"}, row{"row"}, v{"v"}, lane{"lane"}, word{"word"};
     RowLayout layout;
     RotateQuant rotate;
-    Func out;  // Tuple(codes, scale) over (d, row)
+    Func out;  // Tuple(codes, scale) over (d, row), or (word, row) when codes_per_word > 1
+    int codes_per_word = 1;
 };
 
 // Softmax-pool compress of n pools, written to the cache (the output's

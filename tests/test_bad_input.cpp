@@ -341,7 +341,23 @@ TEST(BadInputCompress, Arithmetic) {
         c.exec.arithmetic = KPOOL_ARITHMETIC_TRITON;
         c.check({"exec->arithmetic"}, KPOOL_ERROR_UNSUPPORTED);
     }
-    { CompressCall c; c.exec.arithmetic = 2; c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
+    { CompressCall c; c.exec.arithmetic = 3; c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
+}
+
+// KPOOL_ARITHMETIC_DEFAULT (0, what a zeroed exec holds) is the exact
+// arithmetic on the CPU: the same bytes as asking for it.
+TEST(BadInputCompress, DefaultArithmeticIsExactOnTheCpu) {
+    CompressCall by_default, exact;
+    by_default.exec.arithmetic = KPOOL_ARITHMETIC_DEFAULT;
+    exact.exec.arithmetic = KPOOL_ARITHMETIC_EXACT;
+    by_default.set_return(true);
+    exact.set_return(true);
+    kpool_status st{};
+    ASSERT_EQ(by_default.run(&st), KPOOL_OK) << st.message;
+    ASSERT_EQ(exact.run(&st), KPOOL_OK) << st.message;
+    EXPECT_BYTES_EQ(by_default.cache, exact.cache);
+    EXPECT_BYTES_EQ(by_default.ck, exact.ck);
+    EXPECT_BYTES_EQ(by_default.cs, exact.cs);
     { CompressCall c; c.exec.arithmetic = -1; c.check({"exec->arithmetic"}, KPOOL_ERROR_INVALID_ARGUMENT); }
 }
 

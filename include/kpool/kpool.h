@@ -66,17 +66,21 @@ typedef struct kpool_status {
 } kpool_status;
 
 /* The arithmetic of the softmax pool's approximate steps (compress and
- * decode; SPEC shared numerics 5). Every other step is exact in both.
- * - KPOOL_ARITHMETIC_EXACT (the default): the contract, a correctly rounded
- *   exp and IEEE division; CPU and GPU kernels agree bit for bit.
+ * decode; SPEC shared numerics 5). Every other step is exact in all of them.
+ * - KPOOL_ARITHMETIC_DEFAULT (0, what a zeroed or NULL exec asks for): TRITON
+ *   on CUDA tensors, EXACT on the CPU. Engines get the reference's bytes on
+ *   the GPU, and the CPU (which has no such instructions) the contract's.
+ * - KPOOL_ARITHMETIC_EXACT: the contract, a correctly rounded exp and IEEE
+ *   division; CPU and GPU kernels agree bit for bit.
  * - KPOOL_ARITHMETIC_TRITON: the instructions of the Triton reference's PTX
  *   (exp as ex2.approx.f32 of x * log2(e), fma-accumulated weighted sums,
  *   div.full.f32), CUDA tensors only: bit for bit with the reference on the
  *   same GPU, and faster. It differs from EXACT in about 0.1-0.2% of pools,
  *   in a few of their codes. */
 typedef enum kpool_arithmetic {
-    KPOOL_ARITHMETIC_EXACT = 0,
-    KPOOL_ARITHMETIC_TRITON = 1
+    KPOOL_ARITHMETIC_DEFAULT = 0,
+    KPOOL_ARITHMETIC_EXACT = 1,
+    KPOOL_ARITHMETIC_TRITON = 2
 } kpool_arithmetic;
 
 /* The write-index arguments a device call checks in its kernels, each the
@@ -91,7 +95,7 @@ typedef enum kpool_index_arg {
 
 /* Per-call execution options. `stream` is a CUstream / cudaStream_t for CUDA
  * tensors (NULL = the legacy default stream) and ignored on the CPU. A NULL
- * exec means the legacy default stream, KPOOL_ARITHMETIC_EXACT and no
+ * exec means the legacy default stream, KPOOL_ARITHMETIC_DEFAULT and no
  * index_errors.
  *
  * index_errors (optional): KPOOL_INDEX_ARGS int32 words in device memory on

@@ -24,7 +24,7 @@ private:
 
 struct Exec {
     void *stream = nullptr;  // CUstream for CUDA tensors
-    kpool_arithmetic arithmetic = KPOOL_ARITHMETIC_EXACT;  // kpool.h
+    kpool_arithmetic arithmetic = KPOOL_ARITHMETIC_DEFAULT;  // kpool.h: triton on CUDA, exact on the CPU
     int32_t *index_errors = nullptr;  // KPOOL_INDEX_ARGS device words, or none (kpool.h)
 };
 

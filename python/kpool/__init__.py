@@ -11,9 +11,10 @@ Errors: ``ValueError`` for bad shapes, strides, parameters and out-of-range
 indices, ``TypeError`` for dtypes, ``RuntimeError`` for unsupported variants or
 devices and device failures; all are ``kpool.KpoolError`` with a ``code``.
 
-``kpool.set_arithmetic("triton")`` makes compress and decode use the
-reference's own GPU instructions (bit for bit with it on CUDA tensors);
-the default, "exact", is the contract's arithmetic (SPEC.md).
+Compress and decode run, by default, the reference's own GPU instructions on
+CUDA tensors (bit for bit with it) and the contract's exact arithmetic
+(SPEC.md) on the CPU; ``kpool.set_arithmetic("exact")`` or ``("triton")``
+asks for one of them everywhere (triton needs CUDA tensors).
 """
 
 from ._lib import (

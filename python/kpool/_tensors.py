@@ -208,14 +208,15 @@ def empty(like, shape, code: int):
 
 
 # The softmax pool's arithmetic for every call (include/kpool/kpool.h,
-# kpool_arithmetic): "exact" (the contract) or "triton" (the reference's own
-# GPU instructions, CUDA tensors only). Process-wide, as a drop-in's calls
+# kpool_arithmetic): "default" (the reference's on CUDA tensors, the
+# contract's on the CPU), "exact" (the contract) or "triton" (the reference's
+# own GPU instructions, CUDA tensors only). Process-wide, as a drop-in's calls
 # keep the reference's signatures; $KPOOL_ARITHMETIC sets the start value.
-_arithmetic = ["exact"]
+_arithmetic = ["default"]
 
 
 def set_arithmetic(name: str) -> str:
-    """Sets the arithmetic of later calls ("exact" or "triton"); returns the
+    """Sets the arithmetic of later calls ("default", "exact" or "triton"); returns the
     previous one. Calls already captured in a CUDA graph keep theirs."""
     if name not in _lib.ARITHMETICS:
         raise ValueError(f"arithmetic must be one of {sorted(_lib.ARITHMETICS)}, not {name!r}")
@@ -227,7 +228,7 @@ def get_arithmetic() -> str:
     return _arithmetic[0]
 
 
-set_arithmetic(os.environ.get("KPOOL_ARITHMETIC", "exact"))
+set_arithmetic(os.environ.get("KPOOL_ARITHMETIC", "default"))
 
 
 # The words CUDA calls mark out-of-range indices in (kpool.h,

@@ -16,8 +16,8 @@ Environment:
         while libkpool.so has no CUDA path; graph capture is skipped)
     KPOOL_GPU_TEST_QUICK=1|0  the two smallest sizes of each sweep axis
         (default: 1 with KPOOL_GPU_TEST_KPOOL_DEVICE=cpu, else 0)
-    KPOOL_GPU_TEST_ARITHMETIC=triton|exact  kpool's arithmetic for the op tests
-        (default: triton on CUDA, exact with KPOOL_GPU_TEST_KPOOL_DEVICE=cpu)
+    KPOOL_GPU_TEST_ARITHMETIC=default|triton|exact  kpool's arithmetic for the op tests
+        (default: kpool's default, which is triton's on CUDA and exact on the CPU)
 
 The reference's fp32 ``exp`` is ``ex2.approx.f32(x * log2(e))``, its weighted
 sum ``fma.rn.f32`` and its fp32 division ``div.full.f32`` (Triton's defaults;
@@ -73,7 +73,7 @@ else:
                     "KPOOL_GPU_TEST_KPOOL_DEVICE=cpu runs kpool on host copies instead", allow_module_level=True)
     OURS = kpool
 QUICK = os.environ.get("KPOOL_GPU_TEST_QUICK", "1" if MODE == "cpu" else "0") == "1"
-ARITHMETIC = os.environ.get("KPOOL_GPU_TEST_ARITHMETIC", "exact" if MODE == "cpu" else "triton")
+ARITHMETIC = os.environ.get("KPOOL_GPU_TEST_ARITHMETIC", "default")
 kpool.set_arithmetic(ARITHMETIC)
 DEV = "cuda"
 D, PAGE, TOPK = kt.D, kt.PAGE, kt.TOPK

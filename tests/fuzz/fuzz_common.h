@@ -574,7 +574,8 @@ struct Desc {
 
 // Whether the input wants a status (and an exec) passed, and the exec's
 // arithmetic: now and then KPOOL_ARITHMETIC_TRITON, which a CPU call of an op
-// with a softmax pool refuses (the others run as in exact), or any int32.
+// with a softmax pool refuses (the others run as in exact), or any int32
+// (KPOOL_ARITHMETIC_DEFAULT is exact on the CPU).
 enum class PoolOp { kNo, kYes };
 // Now and then exec->index_errors too: host words here, which a CPU call
 // (it rejects out-of-range indices instead) must never write; misaligned
@@ -598,7 +599,8 @@ struct CallOptions {
         }
         std::memcpy(words_before, words, sizeof(words));
         if (!with_exec) return;
-        if (exec.arithmetic != KPOOL_ARITHMETIC_EXACT && exec.arithmetic != KPOOL_ARITHMETIC_TRITON) {
+        if (exec.arithmetic != KPOOL_ARITHMETIC_DEFAULT && exec.arithmetic != KPOOL_ARITHMETIC_EXACT &&
+            exec.arithmetic != KPOOL_ARITHMETIC_TRITON) {
             rejection = "an unknown exec->arithmetic";
         } else if (exec.arithmetic == KPOOL_ARITHMETIC_TRITON && pool_op == PoolOp::kYes) {
             rejection = "exec->arithmetic = KPOOL_ARITHMETIC_TRITON on the CPU";
