@@ -74,7 +74,7 @@ struct CudaPlan {
 // and stores (non-interleaved, 8-byte loads, 16-byte code stores): 281 ->
 // 278 us.
 constexpr CudaPlan kPlans[] = {
-    {"sm80", 128, false, 16, 1, 8, 4, 4, true, 16, 8, 4, 256, 1024},
+    {"sm80", 128, false, 16, 4, 8, 4, 4, true, 16, 8, 4, 256, 1024},
     {"sm90", 128, true, 32, 4, 8, 4, 4, true, 16, 8, 4, 256, 1024},
 };
 
@@ -126,6 +126,10 @@ void compute_row_in_warp(RotateQuant &r, const Var &v, const Var &lane, LoopLeve
 // x = (run_index * lanes + lane) * run + in_run, in units of x).
 void rows_in_lanes(Func out, const Var &x, const Var &row, const Var &lane, const RowLayout &layout,
                    const CudaPlan &plan, Var &row_in_block, int codes_per_word = 1) {
+    if (layout.run % codes_per_word != 0) {
+        throw CompileError("a lane's run of " + std::to_string(layout.run) + " elements cannot be stored in words of " +
+                           std::to_string(codes_per_word));
+    }
     Var rb{"row_block"}, run_index{"run_index"}, in_run{"in_run"};
     out.split(x, x, in_run, layout.run / codes_per_word)
         .split(x, run_index, lane, layout.lanes())

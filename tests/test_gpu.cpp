@@ -204,7 +204,7 @@ public:
     Stream(const Stream &) = delete;
     Stream &operator=(const Stream &) = delete;
     CUstream get() const { return stream_; }
-    kpool_exec exec() const { return kpool_exec{stream_}; }
+    kpool_exec exec() const { return kpool_exec{stream_, KPOOL_ARITHMETIC_EXACT}; }
     void synchronize() const { check(api().cuStreamSynchronize(stream_), "cuStreamSynchronize"); }
 
 private:
@@ -276,7 +276,7 @@ const GpuEnv &gpu_env() {
             const kpool_tensor seq = probe.contiguous(KPOOL_DTYPE_INT32, {0});
             const kpool_tensor out = probe.contiguous(KPOOL_DTYPE_INT32, {0, 7});
             kpool_status st{};
-            const kpool_exec ex{nullptr};
+            const kpool_exec ex{nullptr, KPOOL_ARITHMETIC_EXACT};
             if (kpool_expand_pools_and_append_tail(&ids, &seq, &out, 4, 0, &ex, &st) ==
                 KPOOL_ERROR_UNSUPPORTED) {
                 e->why = std::string("kpool cannot use ") + e->device->name() + ": " + st.message;
@@ -412,7 +412,7 @@ using Call = std::function<kpool_status_code(Side, const kpool_exec *, kpool_sta
 // compares the named outputs byte for byte. Returns the GPU status.
 kpool_status run_both(const Call &call, const std::vector<std::pair<const char *, Mirrored *>> &outputs) {
     kpool_status cpu_status{}, gpu_status{};
-    const kpool_exec cpu_exec{nullptr}, gpu_exec{nullptr};
+    const kpool_exec cpu_exec{nullptr, KPOOL_ARITHMETIC_EXACT}, gpu_exec{nullptr, KPOOL_ARITHMETIC_EXACT};
     const kpool_status_code cpu_rc = call(Side::Cpu, &cpu_exec, &cpu_status);
     EXPECT_EQ(cpu_rc, KPOOL_OK) << "CPU: " << kpool_status_name(cpu_rc) << ": " << cpu_status.message;
     const kpool_status_code gpu_rc = call(Side::Gpu, &gpu_exec, &gpu_status);
@@ -903,6 +903,22 @@ TEST_P(GpuTritonArithmetic, CompressDiffersFromExactInFewCodesOfFewRows) {
     }
     EXPECT_TRUE(same_bytes("kv_cache (GPU triton vs CPU exact, returned rows patched in)", expected,
                            std::vector<uint8_t>(cache.gpu_host())));
+    // KPOOL_ARITHMETIC_DEFAULT on CUDA tensors is the reference's arithmetic:
+    // the same call again with it leaves every byte as triton wrote it (the
+    // exact arithmetic would rewrite the rows counted above).
+    const std::vector<uint8_t> triton_cache = cache.gpu_host(), triton_codes = ck.gpu_host(),
+                               triton_scales = cs.gpu_host();
+    const kpool_exec by_default{nullptr, KPOOL_ARITHMETIC_DEFAULT};
+    kpool_status st{};
+    ASSERT_EQ(kpool_compress_and_write_cache(cache.on(Side::Gpu), k.on(Side::Gpu), score.on(Side::Gpu),
+                                             ape.on(Side::Gpu), loc.on(Side::Gpu), nullptr, ck.on(Side::Gpu),
+                                             cs.on(Side::Gpu), P, kD, 1, 1, &by_default, &st),
+              KPOOL_OK)
+        << st.message;
+    cache.download(), ck.download(), cs.download();
+    EXPECT_TRUE(same_bytes("kv_cache (GPU default vs triton)", triton_cache, cache.gpu_host()));
+    EXPECT_TRUE(same_bytes("compressed_k (GPU default vs triton)", triton_codes, ck.gpu_host()));
+    EXPECT_TRUE(same_bytes("compressed_scale (GPU default vs triton)", triton_scales, cs.gpu_host()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuTritonArithmetic, ValuesIn(kGpuPoolSizes),
@@ -1248,7 +1264,7 @@ TEST_F(GpuWarmUp, RunsEveryVariantOnceThenGraphsCapture) {
     codes.download_async(stream);
     scale.download_async(stream);
     stream.synchronize();
-    const kpool_exec cpu_exec{nullptr};
+    const kpool_exec cpu_exec{nullptr, KPOOL_ARITHMETIC_EXACT};
     ASSERT_KPOOL_OK(kpool_fwht128_quant_fp8(q.on(Side::Cpu), codes.on(Side::Cpu), scale.on(Side::Cpu), &cpu_exec, &st),
                     st);
     EXPECT_TRUE(codes.matches_cpu("q_fp8"));
@@ -1264,7 +1280,7 @@ protected:
                             const std::function<void(std::mt19937 &)> &refresh, std::mt19937 &rng) {
         cu::Stream stream;
         const kpool_exec exec = stream.exec();
-        const kpool_exec cpu_exec{nullptr};
+        const kpool_exec cpu_exec{nullptr, KPOOL_ARITHMETIC_EXACT};
         // Settle the initial synchronous uploads made on the legacy stream.
         gpu().synchronize();
         {
@@ -1498,7 +1514,7 @@ private:
                 break;
             }
         }
-        const kpool_exec gpu_exec = stream.exec(), cpu_exec{nullptr};
+        const kpool_exec gpu_exec = stream.exec(), cpu_exec{nullptr, KPOOL_ARITHMETIC_EXACT};
         upload_all(inputs, stream);
         kpool_status gs{}, cs{};
         const kpool_status_code grc = call(Side::Gpu, &gpu_exec, &gs);
@@ -1608,7 +1624,7 @@ TEST_P(GpuBadIndex, CompressLocPastTheCacheWritesNothing) {
             HostTensor cache_copy = cache0;
             const kpool_tensor c = cache_copy.desc();
             kpool_status st{};
-            const kpool_exec ex{nullptr};
+            const kpool_exec ex{nullptr, KPOOL_ARITHMETIC_EXACT};
             EXPECT_EQ(
                 kpool_compress_and_write_cache(&c, k.on(Side::Cpu), score.on(Side::Cpu), ape.on(Side::Cpu),
                                                loc.on(Side::Cpu), nullptr, ret ? ck.on(Side::Cpu) : nullptr,
@@ -1629,7 +1645,7 @@ TEST_P(GpuBadIndex, CompressLocPastTheCacheWritesNothing) {
         // Expected: the same call with the bad pools as "no write".
         loc.assign_cpu(good_loc);
         kpool_status st{};
-        const kpool_exec ex{nullptr};
+        const kpool_exec ex{nullptr, KPOOL_ARITHMETIC_EXACT};
         ASSERT_KPOOL_OK(kpool_compress_and_write_cache(
                             cache.on(Side::Cpu), k.on(Side::Cpu), score.on(Side::Cpu), ape.on(Side::Cpu),
                             loc.on(Side::Cpu), nullptr, ret ? ck.on(Side::Cpu) : nullptr,
@@ -1675,7 +1691,7 @@ TEST_P(GpuBadIndex, SeedTslotPastTheTailWritesNothing) {
             HostTensor tail_copy = tail0;
             const kpool_tensor t = tail_copy.desc();
             kpool_status st{};
-            const kpool_exec ex{nullptr};
+            const kpool_exec ex{nullptr, KPOOL_ARITHMETIC_EXACT};
             EXPECT_EQ(kpool_seed_tail_cache(&t, key.on(Side::Cpu), gate.on(Side::Cpu), tslot.on(Side::Cpu), P,
                                             kD, &ex, &st),
                       KPOOL_ERROR_OUT_OF_RANGE);
@@ -1691,7 +1707,7 @@ TEST_P(GpuBadIndex, SeedTslotPastTheTailWritesNothing) {
         words.expect_check_reports({"tslot"});
         tslot.assign_cpu(good_tslot);
         kpool_status st{};
-        const kpool_exec ex{nullptr};
+        const kpool_exec ex{nullptr, KPOOL_ARITHMETIC_EXACT};
         ASSERT_KPOOL_OK(kpool_seed_tail_cache(tail.on(Side::Cpu), key.on(Side::Cpu), gate.on(Side::Cpu),
                                               tslot.on(Side::Cpu), P, kD, &ex, &st),
                         st);
@@ -1846,7 +1862,7 @@ TEST_F(GpuMixedDevices, OneTensorOnTheCpuIsRejectedByName) {
     CompressInputs c = make_compress_inputs(rng, n, P, KPOOL_DTYPE_BFLOAT16, num_blocks * block_size);
     Mirrored cache(gpu(), cache0), k(gpu(), c.slot_k), score(gpu(), c.slot_score), ape(gpu(), c.ape),
         loc(gpu(), c.loc);
-    const kpool_exec ex{nullptr};
+    const kpool_exec ex{nullptr, KPOOL_ARITHMETIC_EXACT};
     {
         SCOPED_TRACE("compress, loc on the CPU");
         kpool_status st{};
