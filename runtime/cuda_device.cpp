@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -122,7 +124,14 @@ void install_context_hooks() {
 
 const char *family_of(int major) {
     // Halide 21 names capability 8.0 at most: its PTX runs, JIT-ed, on every
-    // newer GPU; Hopper and later get the schedule tuned on an H200.
+    // newer GPU; Hopper and later get the schedule tuned on an H200, whose
+    // kernels use sm_90 instructions (never loaded below 9.0).
+    // $KPOOL_CUDA_FAMILY=sm80 runs the sm80 family on a Hopper too (one GPU
+    // tests both; a fallback should an sm90 kernel misbehave).
+    const char *asked = std::getenv("KPOOL_CUDA_FAMILY");
+    if (asked != nullptr && std::strcmp(asked, "sm80") == 0) {
+        return "sm80";
+    }
     return major >= 9 ? "sm90" : "sm80";
 }
 

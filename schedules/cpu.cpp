@@ -17,17 +17,24 @@ namespace {
 constexpr int kRowsPerTask = 16;
 
 // Every stage of one row's compute, placed at `at` and vectorized over its
-// lanes (the CPU layout has one value per lane: lanes are elements).
+// lanes (the CPU layout has one value per lane: lanes are elements; a GPU
+// family's layout, tested here, is left scalar: lanes = 1).
 void compute_row_at(RotateQuant &r, const Var &lane, LoopLevel at, int lanes) {
+    auto place = [&](Func f) {
+        f.compute_at(at);
+        if (lanes > 1) {
+            f.vectorize(lane, lanes);
+        }
+    };
     for (Func &stage : r.rotation.stages) {
-        stage.compute_at(at).vectorize(lane, lanes);
+        place(stage);
     }
-    r.rotated.compute_at(at).vectorize(lane, lanes);
-    r.quant.lane_absmax.compute_at(at).vectorize(lane, lanes);
+    place(r.rotated);
+    place(r.quant.lane_absmax);
     for (Func &stage : r.quant.absmax_stages) {
-        stage.compute_at(at).vectorize(lane, lanes);
+        place(stage);
     }
-    r.quant.lane_scale.compute_at(at).vectorize(lane, lanes);
+    place(r.quant.lane_scale);
 }
 
 void compute_pool_at(CompressPool &c, const Var &d, const Var &j, const Var &lane, LoopLevel at, int lanes) {
@@ -47,9 +54,17 @@ void compute_pool_at(CompressPool &c, const Var &d, const Var &j, const Var &lan
 }  // namespace
 
 void schedule_fwht(FwhtStages &s, const BuildPlan &plan) {
-    const int lanes = plan.target.natural_vector_size<float>();
     Var ro{"row_chunk"}, ri{"row_in_chunk"};
-    s.out.split(s.row, ro, ri, kRowsPerTask, TailStrategy::GuardWithIf).parallel(ro).vectorize(s.d, lanes);
+    s.out.split(s.row, ro, ri, kRowsPerTask, TailStrategy::GuardWithIf).parallel(ro);
+    if (s.layout.values_per_lane > 1 || s.codes_per_word > 1) {
+        // A GPU family's layout (or words) on the CPU, only to test its
+        // algorithm: every stage at its row, scalar.
+        s.rotate.input.compute_at(s.out, ri);
+        compute_row_at(s.rotate, s.lane, LoopLevel(s.out, ri), 1);
+        return;
+    }
+    const int lanes = plan.target.natural_vector_size<float>();
+    s.out.vectorize(s.d, lanes);
     s.rotate.input.compute_at(s.out, ri).vectorize(s.d, lanes);
     compute_row_at(s.rotate, s.lane, LoopLevel(s.out, ri), lanes);
 }

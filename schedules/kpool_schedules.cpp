@@ -6,8 +6,11 @@
 
 namespace kpool {
 
+// A CPU build that names a GPU family gets that family's layout: the tests
+// run the GPU layouts' algorithms on the CPU (tests/test_gpu_layouts.cpp).
 RowLayout row_layout(const BuildPlan &plan, const RowKernel &kernel) {
-    return plan.target.has_feature(Target::CUDA) ? cuda::row_layout(plan, kernel) : cpu::row_layout(plan, kernel);
+    return plan.target.has_feature(Target::CUDA) || !plan.gpu.empty() ? cuda::row_layout(plan, kernel)
+                                                                      : cpu::row_layout(plan, kernel);
 }
 
 int seed_group_size(const BuildPlan &plan) {
