@@ -20,7 +20,9 @@ private:
     kpool_status_code code_;
 };
 
-// fail(KPOOL_ERROR_INVALID_ARGUMENT) << "loc: ..." throws when the statement ends.
+// invalid() << "loc[" << i << "] = ..." (or out_of_range(), unsupported()
+// below) throws an ArgumentError with the streamed message when the statement
+// ends.
 class Failure {
 public:
     explicit Failure(kpool_status_code code) : code_(code) {}

@@ -89,8 +89,8 @@ void require_disjoint_rows(const TensorArg &a) {
     }
 }
 
-// bf16 keys [..., 128] and their scores of the same shape (bf16, or f32
-// where `score_dtypes` allows it).
+// bf16 keys [., ., 128] (compress: [n, P, 128]; decode: [B, N, 128]);
+// require_scores: their scores, of the same shape, in one of `score_dtypes`.
 TensorArg require_keys(const char *name, const kpool_tensor *t) {
     TensorArg keys = require_tensor(name, t, {KPOOL_DTYPE_BFLOAT16}, 3);
     require_dim(keys, 2, KPOOL_HEAD_DIM, "head_dim");

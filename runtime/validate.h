@@ -10,8 +10,9 @@
 
 namespace kpool::rt {
 
-// A described tensor: non-NULL, known dtype, the given rank, on the CPU
-// (the only device this build runs), data present unless it is empty.
+// A described tensor: non-NULL, known dtype, the given rank, on a device
+// this build runs (the CPU, and CUDA when built with it), data present
+// unless it is empty.
 struct TensorArg {
     const char *name;
     const kpool_tensor *t;

@@ -1,7 +1,8 @@
-// Schedules of every kpool kernel, one implementation file per target family
-// (cpu.cpp now; cuda_sm80.cpp and cuda_sm90.cpp with the GPU work). A
-// generator states its algorithm, gathers the stages below and hands them to
-// schedule_*(), which picks the family from the target it is built for.
+// Schedules of every kpool kernel, one implementation file per target family:
+// cpu.cpp for the host CPU, cuda.cpp for CUDA (one plan per GPU family, sm80
+// and sm90; BuildPlan::gpu says which). A generator states its algorithm,
+// gathers the stages below and hands them to schedule_*(), which picks the
+// family from the target it is built for (kpool_schedules.cpp).
 #pragma once
 
 #include <string>

@@ -1,5 +1,6 @@
 /* kpool — ahead-of-time Halide kernels for the key-pooling sparse-attention
- * indexer. Plain C API; see kpool.hpp for the C++ wrapper and SPEC in docs/.
+ * indexer. Plain C API; kpool.hpp is the C++ wrapper, and the kpool
+ * repository's README.md and docs/behaviour.md describe the behaviour.
  *
  * Every entry point takes tensor descriptors that the caller owns (data
  * pointer, dtype, shape, strides in elements, device), validates all of them
