@@ -173,8 +173,7 @@ const CudaDevice &cuda_device(int index, const char *arg) {
     }
     const int count = device_count();
     if (index < 0 || index >= count) {
-        throw invalid() << arg << " is on cuda:" << index << ", but there are " << count
-                        << " CUDA devices";
+        throw invalid() << arg << " is on cuda:" << index << ", but there are " << count << " CUDA devices";
     }
     std::call_once(hooks, install_context_hooks);
     std::lock_guard<std::mutex> lock(mutex);
@@ -210,8 +209,7 @@ void zero_device_memory(const CudaDevice &device, void *data, size_t bytes, void
     CurrentContext current(device.primary_context);
     const CUresult r = driver().cuMemsetD32Async(reinterpret_cast<uint64_t>(data), 0, bytes / 4, stream);
     if (r != 0) {
-        throw device_error() << "cuda:" << device.index << ": zeroing scratch memory failed (CUDA error " << r
-                             << ")";
+        throw device_error() << "cuda:" << device.index << ": zeroing scratch memory failed (CUDA error " << r << ")";
     }
 }
 
@@ -219,8 +217,7 @@ void synchronize_stream(const CudaDevice &device, void *stream) {
     CurrentContext current(device.primary_context);
     const CUresult r = driver().cuStreamSynchronize(stream);
     if (r != 0) {
-        throw device_error() << "cuda:" << device.index << ": synchronizing the stream failed (CUDA error "
-                             << r << ")";
+        throw device_error() << "cuda:" << device.index << ": synchronizing the stream failed (CUDA error " << r << ")";
     }
 }
 

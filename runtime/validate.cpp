@@ -191,8 +191,7 @@ void require_same_dim(const TensorArg &a, int i, const TensorArg &b, int j) {
 
 void require_stride(const TensorArg &a, int i, int64_t expected) {
     if (a.numel() > 0 && a.dim(i) > 1 && a.stride(i) != expected) {
-        throw invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i << ", expected "
-                        << expected;
+        throw invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i << ", expected " << expected;
     }
 }
 
