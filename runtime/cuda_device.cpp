@@ -140,19 +140,19 @@ CudaDevice init_device(int index, const char *arg) {
     CUdevice dev = 0;
     CudaDevice c{index, nullptr, 0, 0, nullptr, nullptr};
     if (d.cuDeviceGet(&dev, index) != 0 || d.cuDevicePrimaryCtxRetain(&c.primary_context, dev) != 0) {
-        Failure(KPOOL_ERROR_DEVICE) << arg << " is on cuda:" << index << ", which the driver cannot open";
+        throw device_error() << arg << " is on cuda:" << index << ", which the driver cannot open";
     }
     d.cuDeviceGetAttribute(&c.major, kAttrComputeCapabilityMajor, dev);
     d.cuDeviceGetAttribute(&c.minor, kAttrComputeCapabilityMinor, dev);
     if (c.major < 8) {
-        unsupported() << arg << " is on cuda:" << index << " (compute capability " << c.major << "." << c.minor
-                      << "); kpool's CUDA kernels need 8.0 or newer";
+        throw unsupported() << arg << " is on cuda:" << index << " (compute capability " << c.major << "." << c.minor
+                            << "); kpool's CUDA kernels need 8.0 or newer";
     }
     c.family = family_of(c.major);
     const KernelConstants host;
     const uint64_t dptr = device_copy_of(c.primary_context, &host, sizeof(host));
     if (dptr == 0) {
-        Failure(KPOOL_ERROR_DEVICE) << "cuda:" << index << ": could not allocate kpool's constants";
+        throw device_error() << "cuda:" << index << ": could not allocate kpool's constants";
     }
     c.constants = reinterpret_cast<void *>(dptr);
     return c;
@@ -178,12 +178,11 @@ const CudaDevice &cuda_device(int index, const char *arg) {
     static std::mutex mutex;
     static std::vector<std::unique_ptr<CudaDevice>> devices;
     if (!cuda_available()) {
-        Failure(KPOOL_ERROR_DEVICE) << arg << " is on cuda:" << index << ", but no CUDA driver or device is present";
+        throw device_error() << arg << " is on cuda:" << index << ", but no CUDA driver or device is present";
     }
     const int count = device_count();
     if (index < 0 || index >= count) {
-        Failure(KPOOL_ERROR_INVALID_ARGUMENT) << arg << " is on cuda:" << index << ", but there are " << count
-                                              << " CUDA devices";
+        throw invalid() << arg << " is on cuda:" << index << ", but there are " << count << " CUDA devices";
     }
     std::call_once(hooks, install_context_hooks);
     std::lock_guard<std::mutex> lock(mutex);
@@ -207,8 +206,8 @@ void *device_scratch(const CudaDevice &device, size_t bytes) {
         const std::vector<uint8_t> zeros(bytes, 0);
         const uint64_t dptr = device_copy_of(device.primary_context, zeros.data(), bytes);
         if (dptr == 0) {
-            Failure(KPOOL_ERROR_DEVICE) << "cuda:" << device.index << ": could not allocate " << bytes
-                                        << " bytes of scratch memory";
+            throw device_error() << "cuda:" << device.index << ": could not allocate " << bytes
+                                 << " bytes of scratch memory";
         }
         scratch[device.index] = reinterpret_cast<void *>(dptr);
     }
@@ -219,8 +218,7 @@ void zero_device_memory(const CudaDevice &device, void *data, size_t bytes, void
     CurrentContext current(device.primary_context);
     const CUresult r = driver().cuMemsetD32Async(reinterpret_cast<uint64_t>(data), 0, bytes / 4, stream);
     if (r != 0) {
-        Failure(KPOOL_ERROR_DEVICE) << "cuda:" << device.index << ": zeroing scratch memory failed (CUDA error " << r
-                                    << ")";
+        throw device_error() << "cuda:" << device.index << ": zeroing scratch memory failed (CUDA error " << r << ")";
     }
 }
 
@@ -228,8 +226,7 @@ void synchronize_stream(const CudaDevice &device, void *stream) {
     CurrentContext current(device.primary_context);
     const CUresult r = driver().cuStreamSynchronize(stream);
     if (r != 0) {
-        Failure(KPOOL_ERROR_DEVICE) << "cuda:" << device.index << ": synchronizing the stream failed (CUDA error "
-                                    << r << ")";
+        throw device_error() << "cuda:" << device.index << ": synchronizing the stream failed (CUDA error " << r << ")";
     }
 }
 
@@ -242,9 +239,9 @@ void take_index_errors(const CudaDevice &device, void *stream, int32_t *words, i
     const CUresult cleared = copied == 0 ? d.cuMemsetD32Async(dptr, 0, static_cast<size_t>(count), stream) : copied;
     const CUresult synced = cleared == 0 ? d.cuStreamSynchronize(stream) : cleared;
     if (synced != 0) {
-        Failure(KPOOL_ERROR_DEVICE) << "exec->index_errors = " << static_cast<const void *>(words)
-                                    << " could not be read on cuda:" << device.index << " (CUDA error " << synced
-                                    << ")";
+        throw device_error() << "exec->index_errors = " << static_cast<const void *>(words)
+                             << " could not be read on cuda:" << device.index << " (CUDA error " << synced
+                             << ")";
     }
 }
 

@@ -34,8 +34,8 @@ struct CudaDevice {
 
 // True when a CUDA driver with at least one device is present.
 bool cuda_available();
-// The device, initialized once per process (thread-safe). Throws an
-// ArgumentError naming `arg` when there is no such device.
+// The device, initialized once per process (thread-safe). Throws a
+// StatusError naming `arg` when there is no such device.
 const CudaDevice &cuda_device(int index, const char *arg);
 
 // `bytes` of zeroed device memory on `device`, kpool's own, allocated at the

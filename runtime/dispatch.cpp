@@ -54,8 +54,7 @@ thread_local std::string halide_message;
 
 void check_halide(int result, const char *op) {
     if (result != 0) {
-        Failure(KPOOL_ERROR_INTERNAL) << op << ": the kernel failed with Halide error " << result << ": "
-                                      << halide_message;
+        throw internal_error() << op << ": the kernel failed with Halide error " << result << ": " << halide_message;
     }
 }
 

@@ -46,9 +46,9 @@ Fn *kernel(const char *device, Kernel kind, const char *op, int pool_size, const
            const char *arithmetic) {
     AnyKernel k = find_kernel(device, kind, pool_size, type, arithmetic);
     if (k == nullptr) {
-        unsupported() << op << ": no " << device << " kernel variant was built for pool_size = " << pool_size
-                      << ", type " << type << ", arithmetic " << arithmetic
-                      << " (see KPOOL_POOL_SIZES / KPOOL_CUDA_POOL_SIZES / KPOOL_CUDA_ARITHMETICS)";
+        throw unsupported() << op << ": no " << device << " kernel variant was built for pool_size = " << pool_size
+                            << ", type " << type << ", arithmetic " << arithmetic
+                            << " (see KPOOL_POOL_SIZES / KPOOL_CUDA_POOL_SIZES / KPOOL_CUDA_ARITHMETICS)";
     }
     return reinterpret_cast<Fn *>(k);
 }

@@ -1,45 +1,55 @@
-// How the runtime reports bad input: validation throws an ArgumentError
-// naming the argument; the C entry points turn it into a kpool_status.
+// How the runtime reports a failure: whatever stops a call (a bad argument,
+// an index out of range, a variant not built, a device that fails) throws a
+// StatusError with its kpool_status_code and message; the C entry points
+// turn it into a kpool_status.
 #pragma once
 
+#include <exception>
 #include <sstream>
-#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kpool/kpool.h"
 
 namespace kpool::rt {
 
-class ArgumentError : public std::runtime_error {
+// Built where it is thrown, the message streamed in:
+//   throw invalid() << "q has " << q.dim(0) << " rows";
+// One left unthrown would not stop the call: discarding it is a compile
+// error (nodiscard, with -Werror=unused-result on the runtime).
+class [[nodiscard]] StatusError : public std::exception {
 public:
-    ArgumentError(kpool_status_code code, const std::string &message)
-        : std::runtime_error(message), code_(code) {}
+    explicit StatusError(kpool_status_code code, std::string message = {})
+        : code_(code), message_(std::move(message)) {}
     kpool_status_code code() const { return code_; }
+    const char *what() const noexcept override { return message_.c_str(); }
 
-private:
-    kpool_status_code code_;
-};
-
-// invalid() << "loc[" << i << "] = ..." (or out_of_range(), unsupported()
-// below) throws an ArgumentError with the streamed message when the statement
-// ends.
-class Failure {
-public:
-    explicit Failure(kpool_status_code code) : code_(code) {}
-    ~Failure() noexcept(false) { throw ArgumentError(code_, text_.str()); }
     template <typename T>
-    Failure &operator<<(const T &value) {
-        text_ << value;
-        return *this;
+    [[nodiscard]] StatusError &&operator<<(const T &value) && {
+        std::ostringstream text;
+        text << value;
+        message_ += text.str();
+        return std::move(*this);
     }
 
 private:
     kpool_status_code code_;
-    std::ostringstream text_;
+    std::string message_;
 };
 
-inline Failure invalid() { return Failure(KPOOL_ERROR_INVALID_ARGUMENT); }
-inline Failure out_of_range() { return Failure(KPOOL_ERROR_OUT_OF_RANGE); }
-inline Failure unsupported() { return Failure(KPOOL_ERROR_UNSUPPORTED); }
+inline StatusError invalid() { return StatusError(KPOOL_ERROR_INVALID_ARGUMENT); }
+inline StatusError out_of_range() { return StatusError(KPOOL_ERROR_OUT_OF_RANGE); }
+inline StatusError unsupported() { return StatusError(KPOOL_ERROR_UNSUPPORTED); }
+inline StatusError device_error() { return StatusError(KPOOL_ERROR_DEVICE); }
+inline StatusError internal_error() { return StatusError(KPOOL_ERROR_INTERNAL); }
+
+// The failure a caught exception stands for: a StatusError as it is, any
+// other exception (from the standard library) an internal error.
+inline StatusError as_status_error(const std::exception &e) {
+    if (const auto *status = dynamic_cast<const StatusError *>(&e)) {
+        return *status;
+    }
+    return internal_error() << "internal error: " << e.what();
+}
 
 }  // namespace kpool::rt

@@ -17,8 +17,8 @@ const KernelConstants kHostConstants;
 
 void require_index_errors_aligned(const int32_t *index_errors) {
     if (reinterpret_cast<uintptr_t>(index_errors) % alignof(int32_t) != 0) {
-        invalid() << "exec->index_errors = " << static_cast<const void *>(index_errors)
-                  << " is not 4-byte aligned (int32 words)";
+        throw invalid() << "exec->index_errors = " << static_cast<const void *>(index_errors)
+                        << " is not 4-byte aligned (int32 words)";
     }
 }
 
@@ -26,8 +26,8 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
     const int32_t requested = exec != nullptr ? exec->arithmetic : KPOOL_ARITHMETIC_DEFAULT;
     if (requested != KPOOL_ARITHMETIC_DEFAULT && requested != KPOOL_ARITHMETIC_EXACT &&
         requested != KPOOL_ARITHMETIC_TRITON) {
-        invalid() << "exec->arithmetic = " << requested
-                  << " is not a kpool_arithmetic (KPOOL_ARITHMETIC_DEFAULT, _EXACT or _TRITON)";
+        throw invalid() << "exec->arithmetic = " << requested
+                        << " is not a kpool_arithmetic (KPOOL_ARITHMETIC_DEFAULT, _EXACT or _TRITON)";
     }
     if (exec != nullptr) {
         require_index_errors_aligned(exec->index_errors);
@@ -38,8 +38,8 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
         // The CUDA kernels use 32-bit offsets (docs/behaviour.md, Limits).
         for (const TensorArg *a : args) {
             if (a->span_bytes() > std::numeric_limits<int32_t>::max()) {
-                unsupported() << a->name << " spans " << a->span_bytes()
-                              << " bytes; CUDA tensors must be below 2 GiB in this build";
+                throw unsupported() << a->name << " spans " << a->span_bytes()
+                                    << " bytes; CUDA tensors must be below 2 GiB in this build";
             }
         }
         cuda_ = &cuda_device(first->t->device_index, first->name);
@@ -54,8 +54,8 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
 
 void Placement::require_pool_arithmetic() const {
     if (on_host() && std::strcmp(arithmetic_, "exact") != 0) {
-        unsupported() << "exec->arithmetic = KPOOL_ARITHMETIC_TRITON (the reference's GPU instructions) needs CUDA "
-                          "tensors; these are on the CPU";
+        throw unsupported() << "exec->arithmetic = KPOOL_ARITHMETIC_TRITON (the reference's GPU instructions) "
+                               "needs CUDA tensors; these are on the CPU";
     }
 }
 

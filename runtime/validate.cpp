@@ -47,6 +47,21 @@ int64_t TensorArg::span_bytes() const {
     return (last + 1) * element;
 }
 
+kpool_tensor contiguous_tensor(void *data, kpool_dtype dtype, int32_t ndim, const int64_t *shape) {
+    kpool_tensor t{};
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = ndim;
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0 && i < KPOOL_MAX_DIMS; i--) {
+        t.shape[i] = shape[i];
+        t.strides[i] = stride;
+        stride *= shape[i];
+    }
+    t.device = KPOOL_DEVICE_CPU;
+    return t;
+}
+
 namespace {
 
 std::string shape_string(const kpool_tensor *t) {
@@ -56,6 +71,18 @@ std::string shape_string(const kpool_tensor *t) {
         s << (i ? ", " : "") << t->shape[i];
     }
     s << "]";
+    return s.str();
+}
+
+// "a or b or c": each item as `show` gives it.
+template <typename Item, typename Show>
+std::string alternatives(std::initializer_list<Item> items, Show show) {
+    std::ostringstream s;
+    const char *sep = "";
+    for (Item item : items) {
+        s << sep << show(item);
+        sep = " or ";
+    }
     return s.str();
 }
 
@@ -71,7 +98,7 @@ int32_t raw_value(const Enum &field) {
 
 void require_common(const char *name, const kpool_tensor *t, std::initializer_list<kpool_dtype> dtypes) {
     if (t == nullptr) {
-        invalid() << name << " is NULL";
+        throw invalid() << name << " is NULL";
     }
     const int32_t dtype = raw_value(t->dtype);
     bool dtype_ok = false;
@@ -79,15 +106,10 @@ void require_common(const char *name, const kpool_tensor *t, std::initializer_li
         dtype_ok = dtype_ok || dtype == d;
     }
     if (!dtype_ok) {
-        auto f = invalid();
         const bool known = dtype >= KPOOL_DTYPE_UINT8 && dtype <= KPOOL_DTYPE_FLOAT8_E4M3FN;
-        f << name << " has dtype " << (known ? kpool_dtype_name(static_cast<kpool_dtype>(dtype)) : "unknown")
-          << " (" << dtype << "), expected ";
-        const char *sep = "";
-        for (kpool_dtype d : dtypes) {
-            f << sep << kpool_dtype_name(d);
-            sep = " or ";
-        }
+        throw invalid() << name << " has dtype "
+                        << (known ? kpool_dtype_name(static_cast<kpool_dtype>(dtype)) : "unknown") << " (" << dtype
+                        << "), expected " << alternatives(dtypes, kpool_dtype_name);
     }
     const int32_t device = raw_value(t->device);
 #ifdef KPOOL_WITH_CUDA
@@ -96,15 +118,15 @@ void require_common(const char *name, const kpool_tensor *t, std::initializer_li
     const bool device_ok = device == KPOOL_DEVICE_CPU;
 #endif
     if (!device_ok) {
-        unsupported() << name << " is on device " << (device == KPOOL_DEVICE_CUDA ? "cuda" : "unknown") << " ("
-                      << device << "):" << t->device_index << ", which this build of kpool does not run on";
+        throw unsupported() << name << " is on device " << (device == KPOOL_DEVICE_CUDA ? "cuda" : "unknown") << " ("
+                            << device << "):" << t->device_index << ", which this build of kpool does not run on";
     }
 }
 
 void require_data(const char *name, const kpool_tensor *t) {
     for (int i = 0; i < t->ndim; i++) {
         if (t->shape[i] < 0) {
-            invalid() << name << " has a negative size " << t->shape[i] << " in dim " << i;
+            throw invalid() << name << " has a negative size " << t->shape[i] << " in dim " << i;
         }
     }
     for (int i = 0; i < t->ndim; i++) {
@@ -113,7 +135,7 @@ void require_data(const char *name, const kpool_tensor *t) {
         }
     }
     if (t->data == nullptr) {
-        invalid() << name << " has no data (NULL pointer) for shape " << shape_string(t);
+        throw invalid() << name << " has no data (NULL pointer) for shape " << shape_string(t);
     }
 }
 
@@ -124,8 +146,8 @@ void require_aligned(const char *name, const kpool_tensor *t) {
                               : (t->dtype == KPOOL_DTYPE_INT32 || t->dtype == KPOOL_DTYPE_FLOAT32) ? 4
                               : t->dtype == KPOOL_DTYPE_BFLOAT16 ? 2 : 1;
     if (reinterpret_cast<uintptr_t>(t->data) % element != 0) {
-        invalid() << name << " has data at " << t->data << ", which is not aligned to its " << element
-                  << "-byte elements";
+        throw invalid() << name << " has data at " << t->data << ", which is not aligned to its " << element
+                        << "-byte elements";
     }
 }
 
@@ -145,13 +167,8 @@ TensorArg require_tensor_ranks(const char *name, const kpool_tensor *t,
         rank_ok = rank_ok || t->ndim == n;
     }
     if (!rank_ok || t->ndim < 0 || t->ndim > KPOOL_MAX_DIMS) {
-        auto f = invalid();
-        f << name << " has " << t->ndim << " dims, expected ";
-        const char *sep = "";
-        for (int n : ndims) {
-            f << sep << n;
-            sep = " or ";
-        }
+        throw invalid() << name << " has " << t->ndim << " dims, expected "
+                        << alternatives(ndims, [](int n) { return n; });
     }
     require_data(name, t);
     require_aligned(name, t);
@@ -160,22 +177,21 @@ TensorArg require_tensor_ranks(const char *name, const kpool_tensor *t,
 
 void require_dim(const TensorArg &a, int i, int64_t expected, const char *what) {
     if (a.dim(i) != expected) {
-        invalid() << a.name << " has shape " << shape_string(a.t) << ": dim " << i << " must be "
-                  << expected << " (" << what << ")";
+        throw invalid() << a.name << " has shape " << shape_string(a.t) << ": dim " << i << " must be "
+                        << expected << " (" << what << ")";
     }
 }
 
 void require_same_dim(const TensorArg &a, int i, const TensorArg &b, int j) {
     if (a.dim(i) != b.dim(j)) {
-        invalid() << a.name << " has shape " << shape_string(a.t) << ", which does not match "
-                  << b.name << " " << shape_string(b.t) << " (dim " << i << " vs dim " << j << ")";
+        throw invalid() << a.name << " has shape " << shape_string(a.t) << ", which does not match "
+                        << b.name << " " << shape_string(b.t) << " (dim " << i << " vs dim " << j << ")";
     }
 }
 
 void require_stride(const TensorArg &a, int i, int64_t expected) {
     if (a.numel() > 0 && a.dim(i) > 1 && a.stride(i) != expected) {
-        invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i << ", expected "
-                  << expected;
+        throw invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i << ", expected " << expected;
     }
 }
 
@@ -183,8 +199,8 @@ void require_int32_strides(const TensorArg &a) {
     // Every dim, even of an empty tensor (sizes are computed with them).
     for (int i = 0; i < a.t->ndim; i++) {
         if (a.dim(i) > std::numeric_limits<int32_t>::max()) {
-            invalid() << a.name << " has " << a.dim(i) << " elements in dim " << i
-                      << " (at most 2^31 - 1 per dim)";
+            throw invalid() << a.name << " has " << a.dim(i) << " elements in dim " << i
+                            << " (at most 2^31 - 1 per dim)";
         }
     }
     if (a.numel() == 0) {
@@ -192,8 +208,8 @@ void require_int32_strides(const TensorArg &a) {
     }
     for (int i = 0; i < a.t->ndim; i++) {
         if (a.dim(i) > 1 && (a.stride(i) <= 0 || a.stride(i) > std::numeric_limits<int32_t>::max())) {
-            invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i
-                      << " (strides must be positive and below 2^31 elements)";
+            throw invalid() << a.name << " has stride " << a.stride(i) << " in dim " << i
+                            << " (strides must be positive and below 2^31 elements)";
         }
     }
 }
@@ -207,21 +223,21 @@ void require_same_device(const std::vector<const TensorArg *> &args) {
             auto where = [](const kpool_tensor *t) {
                 return std::string(t->device == KPOOL_DEVICE_CUDA ? "cuda:" : "cpu:") + std::to_string(t->device_index);
             };
-            invalid() << a->name << " is on " << where(a->t) << " but " << first->name << " is on "
-                      << where(first->t) << ": all tensors of a call must be on one device";
+            throw invalid() << a->name << " is on " << where(a->t) << " but " << first->name << " is on "
+                            << where(first->t) << ": all tensors of a call must be on one device";
         }
     }
 }
 
 void require_pool_size(int32_t pool_size) {
     if (pool_size < 1 || pool_size > 64 || (pool_size & (pool_size - 1)) != 0) {
-        invalid() << "pool_size = " << pool_size << " is not a power of two in [1, 64]";
+        throw invalid() << "pool_size = " << pool_size << " is not a power of two in [1, 64]";
     }
 }
 
 void require_head_dim(int32_t head_dim) {
     if (head_dim != KPOOL_HEAD_DIM) {
-        invalid() << "head_dim = " << head_dim << ", but kpool kernels are built for " << KPOOL_HEAD_DIM;
+        throw invalid() << "head_dim = " << head_dim << ", but kpool kernels are built for " << KPOOL_HEAD_DIM;
     }
 }
 
@@ -250,6 +266,119 @@ std::string element_name(const TensorArg &a, int64_t flat_index) {
     }
     s << "]";
     return s.str();
+}
+
+namespace {
+
+constexpr int64_t kCacheRowBytes = KPOOL_HEAD_DIM + 4;
+
+}  // namespace
+
+TensorArg require_kv_cache(const kpool_tensor *t) {
+    TensorArg c = require_tensor("kv_cache", t, {KPOOL_DTYPE_UINT8}, 3);
+    require_dim(c, 2, kCacheRowBytes, "head_dim + 4 bytes per slot");
+    if (reinterpret_cast<uintptr_t>(c.t->data) % 4 != 0) {
+        throw invalid() << "kv_cache has data at " << c.t->data << ": it must be 4-byte aligned (its f32 scales)";
+    }
+    if (c.dim(1) < 1) {
+        throw invalid() << "kv_cache has block_size " << c.dim(1) << " (must be >= 1)";
+    }
+    require_stride(c, 2, 1);
+    require_stride(c, 1, kCacheRowBytes);
+    if (c.dim(0) > 1 && (c.stride(0) < c.dim(1) * kCacheRowBytes || c.stride(0) % 4 != 0)) {
+        throw invalid() << "kv_cache has page stride " << c.stride(0)
+                        << " bytes: it must be a multiple of 4 and at least block_size * 132 = "
+                        << c.dim(1) * kCacheRowBytes;
+    }
+    require_int32_strides(c);
+    return c;
+}
+
+TensorArg require_tail(const kpool_tensor *t, int32_t pool_size) {
+    TensorArg tail = require_tensor("tail_kv_cache", t, {KPOOL_DTYPE_BFLOAT16}, 4);
+    require_dim(tail, 1, 2, "K half and score half");
+    require_dim(tail, 3, KPOOL_HEAD_DIM, "head_dim");
+    int64_t ring = tail.dim(2);
+    if (ring < 1 || ring % pool_size != 0) {
+        throw invalid() << "tail_kv_cache has RING = " << ring
+                        << ", which is not a positive multiple of pool_size = " << pool_size;
+    }
+    require_stride(tail, 3, 1);
+    require_stride(tail, 2, KPOOL_HEAD_DIM);
+    int64_t half_elems = ring * KPOOL_HEAD_DIM;
+    if (tail.stride(1) < half_elems || (tail.dim(0) > 1 && tail.stride(0) < tail.stride(1) + half_elems)) {
+        throw invalid() << "tail_kv_cache strides (" << tail.stride(0) << ", " << tail.stride(1)
+                        << ", 128, 1) overlap its halves or blocks (RING * 128 = " << half_elems << ")";
+    }
+    require_int32_strides(tail);
+    return tail;
+}
+
+void require_inner_contiguous(const TensorArg &a) {
+    require_stride(a, a.t->ndim - 1, 1);
+    require_int32_strides(a);
+}
+
+void require_disjoint_rows(const TensorArg &a) {
+    if (a.numel() > 0 && a.dim(0) > 1 && a.stride(0) < a.dim(1)) {
+        throw invalid() << a.name << " has stride " << a.stride(0) << " in dim 0 for rows of " << a.dim(1)
+                        << " elements: its rows overlap";
+    }
+}
+
+// bf16 keys [., ., 128] (compress: [n, P, 128]; decode: [B, N, 128]);
+// require_scores: their scores, of the same shape, in one of `score_dtypes`.
+TensorArg require_keys(const char *name, const kpool_tensor *t) {
+    TensorArg keys = require_tensor(name, t, {KPOOL_DTYPE_BFLOAT16}, 3);
+    require_dim(keys, 2, KPOOL_HEAD_DIM, "head_dim");
+    require_inner_contiguous(keys);
+    return keys;
+}
+
+TensorArg require_scores(const char *name, const kpool_tensor *t, std::initializer_list<kpool_dtype> score_dtypes,
+                         const TensorArg &keys) {
+    TensorArg scores = require_tensor(name, t, score_dtypes, 3);
+    for (int i = 0; i < 3; i++) {
+        require_same_dim(scores, i, keys, i);
+    }
+    require_inner_contiguous(scores);
+    return scores;
+}
+
+TensorArg require_ape(const kpool_tensor *t, int32_t pool_size) {
+    TensorArg ape = require_tensor("ape", t, {KPOOL_DTYPE_FLOAT32}, 2);
+    require_dim(ape, 0, pool_size, "pool_size");
+    require_dim(ape, 1, KPOOL_HEAD_DIM, "head_dim");
+    require_inner_contiguous(ape);
+    return ape;
+}
+
+int64_t cache_slot_count(const TensorArg &kv_cache) { return kv_cache.dim(0) * kv_cache.dim(1); }
+int64_t tail_slot_count(const TensorArg &tail) { return tail.dim(0) * tail.dim(2); }
+
+void require_locs_in_cache(const TensorArg &locs, const TensorArg &kv_cache, const TensorArg *mask) {
+    int64_t slots = cache_slot_count(kv_cache);
+    for (int64_t i = 0; i < locs.numel(); i++) {
+        if (mask != nullptr && static_cast<const uint8_t *>(mask->t->data)[i * mask->stride(0)] == 0) {
+            continue;
+        }
+        int64_t loc = index_at(locs, i);
+        if (loc >= slots) {
+            throw out_of_range() << element_name(locs, i) << " = " << loc << " is outside the cache (" << slots
+                                 << " slots)";
+        }
+    }
+}
+
+void require_tslots_in_tail(const TensorArg &tslots, const TensorArg &tail) {
+    int64_t ring = tail.dim(2), blocks = tail.dim(0);
+    for (int64_t i = 0; i < tslots.numel(); i++) {
+        int64_t tslot = index_at(tslots, i);
+        if (tslot >= 0 && tslot / ring >= blocks) {
+            throw out_of_range() << element_name(tslots, i) << " = " << tslot << " is outside the tail cache ("
+                                 << blocks << " blocks of RING = " << ring << ")";
+        }
+    }
 }
 
 }  // namespace kpool::rt

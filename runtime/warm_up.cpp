@@ -1,4 +1,4 @@
-// Every CUDA variant of the build, run once through the C API on tiny
+// Every CUDA variant of the build, run once through its op on tiny
 // tensors in kpool's own scratch memory: the first call of a Halide pipeline
 // on a context loads its module (the driver JIT-compiles the PTX), which
 // costs milliseconds and must not happen inside a CUDA-graph capture.
@@ -12,7 +12,7 @@
 #include "cuda_device.h"
 #include "dispatch.h"
 #include "errors.h"
-#include "kpool/kpool.h"
+#include "ops/ops.h"
 #include "validate.h"
 
 namespace kpool::rt {
@@ -33,9 +33,9 @@ public:
         int64_t bytes = element_bytes(dtype);
         for (int64_t n : shape) bytes *= n;
         if (used_ + bytes > static_cast<int64_t>(kScratchBytes) - kAlign) {  // the last kAlign: the words
-            Failure(KPOOL_ERROR_INTERNAL) << "warm-up: scratch memory too small";
+            throw internal_error() << "warm-up: scratch memory too small";
         }
-        kpool_tensor t = kpool_tensor_contiguous(base_ + used_, dtype, static_cast<int32_t>(shape.size()), shape.data());
+        kpool_tensor t = contiguous_tensor(base_ + used_, dtype, static_cast<int32_t>(shape.size()), shape.data());
         t.device = KPOOL_DEVICE_CUDA;
         t.device_index = device_.index;
         used_ += (bytes + kAlign - 1) / kAlign * kAlign;
@@ -52,10 +52,9 @@ kpool_dtype index_dtype(const char *type) {
     return std::string(type) == "int64" ? KPOOL_DTYPE_INT64 : KPOOL_DTYPE_INT32;
 }
 
-// One C API call that runs `v` (and, for decode's write kernel, the stash
+// One op call that runs `v` (and, for decode's write kernel, the stash
 // kernel after it; index checks run inside every call, with `exec`'s words).
-kpool_status_code run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &exec,
-                              kpool_status *st) {
+void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &exec) {
     const int32_t D = KPOOL_HEAD_DIM;
     const int P = v.pool_size > 0 ? v.pool_size : 4;
     switch (v.kind) {
@@ -69,7 +68,8 @@ kpool_status_code run_variant(const VariantKey &v, ScratchTensors &tensor, const
         if (v.kind == Kernel::FWHT) {
             q.data = static_cast<uint16_t *>(q.data) + 1;
         }
-        return kpool_fwht128_quant_fp8(&q, &codes, &scale, &exec, st);
+        fwht128_quant_fp8(&q, &codes, &scale, &exec);
+        return;
     }
     case Kernel::COMPRESS_TO_CACHE:
     case Kernel::COMPRESS_TO_ROWS: {
@@ -79,8 +79,9 @@ kpool_status_code run_variant(const VariantKey &v, ScratchTensors &tensor, const
                            k = tensor(KPOOL_DTYPE_BFLOAT16, {1, P, D}), s = tensor(score_dtype, {1, P, D}),
                            ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}), loc = tensor(KPOOL_DTYPE_INT64, {1}),
                            codes = tensor(KPOOL_DTYPE_UINT8, {1, D}), scale = tensor(KPOOL_DTYPE_FLOAT32, {1});
-        return kpool_compress_and_write_cache(&cache, &k, &s, &ape, &loc, nullptr, to_cache ? nullptr : &codes,
-                                              to_cache ? nullptr : &scale, P, D, 1, to_cache, &exec, st);
+        compress_and_write_cache(&cache, &k, &s, &ape, &loc, nullptr, to_cache ? nullptr : &codes,
+                                 to_cache ? nullptr : &scale, P, D, 1, to_cache, &exec);
+        return;
     }
     case Kernel::DECODE_WRITE_CACHE:
     case Kernel::DECODE_STASH_TAIL:
@@ -92,33 +93,37 @@ kpool_status_code run_variant(const VariantKey &v, ScratchTensors &tensor, const
                            tsm = tensor(KPOOL_DTYPE_INT32, {1, N}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}),
                            score = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}), ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}),
                            sm = tensor(KPOOL_DTYPE_INT32, {1, N}), pos = tensor(KPOOL_DTYPE_INT32, {1, N});
-        return kpool_decode_update_and_maybe_write_cache_batched(&cache, &tail, &tsm, &key, &score, &ape, &sm, &pos,
-                                                                 P, D, 1, &exec, st);
+        decode_update_and_maybe_write_cache_batched(&cache, &tail, &tsm, &key, &score, &ape, &sm, &pos, P, D, 1,
+                                                    &exec);
+        return;
     }
     case Kernel::SEED_TAIL:
     case Kernel::INDEX_CHECK: {  // the index check runs inside a call with an index of its type: seed's tslot
         const kpool_tensor tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}),
                            gate = tensor(KPOOL_DTYPE_BFLOAT16, {1, D}), tslot = tensor(index_dtype(v.type), {1});
-        return kpool_seed_tail_cache(&tail, &key, &gate, &tslot, P, D, &exec, st);
+        seed_tail_cache(&tail, &key, &gate, &tslot, P, D, &exec);
+        return;
     }
     case Kernel::EXPAND_POOLS_AND_APPEND_TAIL: {
         const kpool_tensor ids = tensor(index_dtype(v.type), {1, 1}), seq = tensor(KPOOL_DTYPE_INT32, {1}),
                            out = tensor(KPOOL_DTYPE_INT32, {1, 2 * P - 1});
-        return kpool_expand_pools_and_append_tail(&ids, &seq, &out, P, 0, &exec, st);
+        expand_pools_and_append_tail(&ids, &seq, &out, P, 0, &exec);
+        return;
     }
     case Kernel::EXPAND_POOLS_TO_TOKENS: {
         const kpool_tensor ids = tensor(index_dtype(v.type), {1, 1}), valid = tensor(KPOOL_DTYPE_BOOL, {1, 1}),
                            out = tensor(KPOOL_DTYPE_INT32, {1, P});
-        return kpool_expand_pools_to_tokens(&ids, &valid, nullptr, nullptr, &out, P, P, &exec, st);
+        expand_pools_to_tokens(&ids, &valid, nullptr, nullptr, &out, P, P, &exec);
+        return;
     }
     case Kernel::APPEND_TAIL_TO_TOPK: {
         const kpool_tensor topk = tensor(KPOOL_DTYPE_INT32, {1, 1}), seq = tensor(KPOOL_DTYPE_INT32, {1}),
                            pools = tensor(KPOOL_DTYPE_INT32, {1}), out = tensor(KPOOL_DTYPE_INT32, {1, P});
-        return kpool_append_tail_to_topk(&topk, &seq, &pools, nullptr, nullptr, &out, P, &exec, st);
+        append_tail_to_topk(&topk, &seq, &pools, nullptr, nullptr, &out, P, &exec);
+        return;
     }
     }
-    Failure(KPOOL_ERROR_INTERNAL) << "warm-up: no call runs kernel kind " << static_cast<int>(v.kind);
-    return KPOOL_ERROR_INTERNAL;
+    throw internal_error() << "warm-up: no call runs kernel kind " << static_cast<int>(v.kind);
 }
 
 }  // namespace
@@ -140,11 +145,13 @@ void warm_up_cuda(int device_index, void *stream) {
         const kpool_exec exec{stream, std::string(v.arithmetic) == "triton" ? KPOOL_ARITHMETIC_TRITON
                                                                            : KPOOL_ARITHMETIC_EXACT,
                               words};
-        kpool_status st{};
-        if (run_variant(v, tensor, exec, &st) != KPOOL_OK) {
-            Failure(st.code) << "kpool_cuda_warm_up: the " << device.family << " variant (kind "
-                             << static_cast<int>(v.kind) << ", pool_size " << v.pool_size << ", " << v.type << ", "
-                             << v.arithmetic << ") failed: " << st.message;
+        try {
+            run_variant(v, tensor, exec);
+        } catch (const std::exception &e) {
+            const StatusError error = as_status_error(e);
+            throw StatusError(error.code()) << "kpool_cuda_warm_up: the " << device.family << " variant (kind "
+                                            << static_cast<int>(v.kind) << ", pool_size " << v.pool_size << ", "
+                                            << v.type << ", " << v.arithmetic << ") failed: " << error.what();
         }
     }
     synchronize_stream(device, stream);

@@ -1,0 +1,117 @@
+// compress_and_write_cache: each pool of P tokens softmax-pooled,
+// rotated and quantized into one cache row and/or returned as codes and
+// scales.
+#include <vector>
+
+#include "ops.h"
+
+namespace kpool::rt {
+
+namespace {
+
+void require_pool_size_matches(int32_t pool_size, const TensorArg &a, int dim) {
+    require_pool_size(pool_size);
+    if (a.dim(dim) != pool_size) {
+        throw invalid() << "pool_size = " << pool_size << " does not match " << a.name << " dim " << dim
+                        << " = " << a.dim(dim);
+    }
+}
+
+}  // namespace
+
+void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor *slot_k_,
+                              const kpool_tensor *slot_score_, const kpool_tensor *ape_, const kpool_tensor *loc_,
+                              const kpool_tensor *write_mask_, const kpool_tensor *compressed_k_,
+                              const kpool_tensor *compressed_scale_, int32_t pool_size, int32_t head_dim,
+                              int32_t round_scale, int32_t write_cache, const kpool_exec *exec) {
+    require_head_dim(head_dim);
+    TensorArg slot_k = require_keys("slot_k", slot_k_);
+    require_pool_size_matches(pool_size, slot_k, 1);
+    TensorArg slot_score =
+        require_scores("slot_score", slot_score_, {KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32}, slot_k);
+    TensorArg ape = require_ape(ape_, pool_size);
+    const int64_t n = slot_k.dim(0);
+    TensorArg loc = require_tensor("loc", loc_, {KPOOL_DTYPE_INT64}, 1);
+    require_dim(loc, 0, n, "one loc per pool");
+    require_int32_strides(loc);
+
+    const bool return_compressed = compressed_k_ != nullptr || compressed_scale_ != nullptr;
+    if (return_compressed && (compressed_k_ == nullptr || compressed_scale_ == nullptr)) {
+        throw invalid() << (compressed_k_ == nullptr ? "compressed_k" : "compressed_scale")
+                        << " is NULL: return_compressed needs both compressed_k and compressed_scale";
+    }
+    if (!write_cache && !return_compressed) {
+        throw invalid() << "write_cache = 0 and no compressed_k / compressed_scale: nothing to compute";
+    }
+    TensorArg *mask = nullptr;
+    TensorArg write_mask{};
+    if (write_mask_ != nullptr) {
+        if (return_compressed) {
+            throw invalid() << "write_mask cannot be combined with return_compressed (compressed_k / compressed_scale)";
+        }
+        write_mask = require_tensor("write_mask", write_mask_, {KPOOL_DTYPE_BOOL, KPOOL_DTYPE_UINT8}, 1);
+        require_dim(write_mask, 0, n, "one flag per pool");
+        require_int32_strides(write_mask);
+        mask = &write_mask;
+    }
+    TensorArg compressed_k{}, compressed_scale{};
+    if (return_compressed) {
+        compressed_k = require_tensor("compressed_k", compressed_k_,
+                                      {KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_UINT8}, 2);
+        require_dim(compressed_k, 0, n, "pools");
+        require_dim(compressed_k, 1, KPOOL_HEAD_DIM, "head_dim");
+        require_inner_contiguous(compressed_k);
+        require_disjoint_rows(compressed_k);
+        compressed_scale = require_tensor_ranks("compressed_scale", compressed_scale_, {KPOOL_DTYPE_FLOAT32}, {1, 2});
+        require_dim(compressed_scale, 0, n, "pools");
+        require_int32_strides(compressed_scale);
+    }
+    TensorArg kv_cache{};
+    std::vector<const TensorArg *> args{&slot_k, &slot_score, &ape, &loc};
+    if (write_cache) {
+        kv_cache = require_kv_cache(kv_cache_);
+        args.push_back(&kv_cache);
+    }
+    if (mask) {
+        args.push_back(mask);
+    }
+    if (return_compressed) {
+        args.insert(args.end(), {&compressed_k, &compressed_scale});
+    }
+    Placement where(args, exec);
+    where.require_pool_arithmetic();
+    if (write_cache && where.on_host()) {
+        require_locs_in_cache(loc, kv_cache, mask);
+    }
+    if (write_cache) {
+        mark_index_errors(where, KPOOL_INDEX_LOC, loc, cache_slot_count(kv_cache), mask);
+    }
+    if (n == 0) {
+        return;
+    }
+
+    const char *op = "kpool_compress_and_write_cache";
+    const char *score_type = slot_score.t->dtype == KPOOL_DTYPE_FLOAT32 ? "f32" : "bf16";
+    HalideBuffer key = wrap(slot_k), score = wrap(slot_score), ape_b = wrap(ape);
+    where.attach(key), where.attach(score), where.attach(ape_b);
+    // A cache without slots takes no write (every loc is a sentinel; on a
+    // device the kernel would skip them): no kernel on empty views.
+    if (write_cache && kv_cache.numel() > 0) {
+        HalideBuffer locs = wrap(loc), flags = mask ? wrap(*mask) : where.all_true(n);
+        if (mask) {
+            where.attach(flags);
+        }
+        CacheViews cache = wrap_kv_cache(kv_cache);
+        where.launch(Kernel::COMPRESS_TO_CACHE, op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
+                     ape_b.raw_buffer(), round_scale != 0, where.attach(locs).raw_buffer(), flags.raw_buffer(),
+                     where.attach(cache.codes).raw_buffer(), where.attach(cache.scales).raw_buffer());
+    }
+    if (return_compressed) {
+        HalideBuffer codes = wrap(compressed_k), scales = wrap_row_scales(compressed_scale);
+        where.launch(Kernel::COMPRESS_TO_ROWS, op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
+                     ape_b.raw_buffer(), round_scale != 0, where.attach(codes).raw_buffer(),
+                     where.attach(scales).raw_buffer());
+    }
+}
+
+}  // namespace kpool::rt

@@ -1,0 +1,81 @@
+// decode_update_and_maybe_write_cache_batched: one decode step; each token
+// is stashed in its request's tail ring, and a token completing a pool
+// writes that pool's cache row.
+#include "ops.h"
+
+namespace kpool::rt {
+
+int64_t decode_update_and_maybe_write_cache_batched(
+    const kpool_tensor *kv_cache_, const kpool_tensor *tail_kv_cache_, const kpool_tensor *tail_slot_mapping_,
+    const kpool_tensor *key_, const kpool_tensor *slot_score_, const kpool_tensor *ape_,
+    const kpool_tensor *slot_mapping_, const kpool_tensor *positions_, int32_t pool_size, int32_t head_dim,
+    int32_t round_scale, const kpool_exec *exec) {
+    require_head_dim(head_dim);
+    require_pool_size(pool_size);
+    TensorArg kv_cache = require_kv_cache(kv_cache_);
+    TensorArg tail = require_tail(tail_kv_cache_, pool_size);
+    TensorArg key = require_keys("key", key_);
+    TensorArg score = require_scores("slot_score", slot_score_, {KPOOL_DTYPE_BFLOAT16}, key);
+    TensorArg ape = require_ape(ape_, pool_size);
+    auto per_token = [&](const char *name, const kpool_tensor *t) {
+        TensorArg a = require_tensor(name, t, {KPOOL_DTYPE_INT32}, 2);
+        require_same_dim(a, 0, key, 0);
+        require_same_dim(a, 1, key, 1);
+        require_int32_strides(a);
+        return a;
+    };
+    TensorArg tail_slots = per_token("tail_slot_mapping", tail_slot_mapping_);
+    TensorArg slots = per_token("slot_mapping", slot_mapping_);
+    TensorArg positions = per_token("positions", positions_);
+    Placement where({&kv_cache, &tail, &key, &score, &ape, &tail_slots, &slots, &positions}, exec);
+    where.require_pool_arithmetic();
+    // Completions without a tail block write nothing (SPEC, reference
+    // defects); on the host they are counted, on a device the count
+    // would need a copy back, so it is reported as -1.
+    int64_t skipped = where.on_host() ? 0 : -1;
+    if (where.on_host()) {
+        require_locs_in_cache(slots, kv_cache, nullptr);
+        require_tslots_in_tail(tail_slots, tail);
+    }
+    mark_index_errors(where, KPOOL_INDEX_SLOT_MAPPING, slots, cache_slot_count(kv_cache), nullptr);
+    mark_index_errors(where, KPOOL_INDEX_TAIL_SLOT_MAPPING, tail_slots, tail_slot_count(tail), nullptr);
+    for (int64_t i = 0; where.on_host() && i < key.dim(0) * key.dim(1); i++) {
+        int64_t pos = index_at(positions, i);
+        skipped += index_at(slots, i) >= 0 && pos >= 0 && pos % pool_size == pool_size - 1 &&
+                   index_at(tail_slots, i) < 0;
+    }
+    // No tail block: nothing is stashed and no completion has a block to
+    // read (all are skipped). No cache slot: no completion is written.
+    if (key.dim(0) == 0 || key.dim(1) == 0 || tail.numel() == 0) {
+        return skipped;
+    }
+    const char *op = "kpool_decode_update_and_maybe_write_cache_batched";
+    HalideBuffer t = wrap_tail(tail), ts = wrap(tail_slots), k = wrap(key), s = wrap(score), a = wrap(ape),
+                 sm = wrap(slots), pos = wrap(positions);
+    CacheViews cache = wrap_kv_cache(kv_cache);
+    for (HalideBuffer *b : {&t, &ts, &k, &s, &a, &sm, &pos, &cache.codes, &cache.scales}) {
+        where.attach(*b);
+    }
+    // Completions read the ring as it was before this call's stashes.
+    // One token per request: one kernel does both where the device has
+    // it (a token's stash is never a slot of its own pool).
+    if (key.dim(1) == 1 && kv_cache.numel() > 0 && where.has_kernel(Kernel::DECODE_UPDATE, pool_size, "bf16")) {
+        HalideBuffer t_out = wrap_tail(tail);
+        where.launch(Kernel::DECODE_UPDATE, op, pool_size, "bf16", t.raw_buffer(), ts.raw_buffer(),
+                     k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(), pos.raw_buffer(),
+                     round_scale != 0, cache.codes.raw_buffer(), cache.scales.raw_buffer(),
+                     where.attach(t_out).raw_buffer());
+        return skipped;
+    }
+    // Otherwise two kernels, in this order on the caller's stream.
+    if (kv_cache.numel() > 0) {
+        where.launch(Kernel::DECODE_WRITE_CACHE, op, pool_size, "bf16", t.raw_buffer(), ts.raw_buffer(),
+                     k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(), pos.raw_buffer(),
+                     round_scale != 0, cache.codes.raw_buffer(), cache.scales.raw_buffer());
+    }
+    where.launch(Kernel::DECODE_STASH_TAIL, op, 0, "none", ts.raw_buffer(), k.raw_buffer(), s.raw_buffer(),
+                 pos.raw_buffer(), t.raw_buffer());
+    return skipped;
+}
+
+}  // namespace kpool::rt

@@ -1,0 +1,41 @@
+// fwht128_quant_fp8: each bf16 row of q through the 128-point Hadamard
+// transform, quantized to e4m3 codes and a per-row scale.
+#include "ops.h"
+
+namespace kpool::rt {
+
+void fwht128_quant_fp8(const kpool_tensor *q_, const kpool_tensor *q_fp8_, const kpool_tensor *q_scale_,
+                       const kpool_exec *exec) {
+    TensorArg q = require_tensor("q", q_, {KPOOL_DTYPE_BFLOAT16}, 2);
+    require_dim(q, 1, KPOOL_HEAD_DIM, "head_dim");
+    require_inner_contiguous(q);
+    TensorArg q_fp8 = require_tensor("q_fp8", q_fp8_, {KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_UINT8}, 2);
+    require_same_dim(q_fp8, 0, q, 0);
+    require_dim(q_fp8, 1, KPOOL_HEAD_DIM, "head_dim");
+    require_inner_contiguous(q_fp8);
+    require_disjoint_rows(q_fp8);
+    TensorArg q_scale = require_tensor_ranks("q_scale", q_scale_, {KPOOL_DTYPE_FLOAT32}, {1, 2});
+    require_same_dim(q_scale, 0, q, 0);
+    if (q_scale.t->ndim == 2) {
+        require_dim(q_scale, 1, 1, "[rows, 1]");
+    }
+    require_int32_strides(q_scale);
+    Placement where({&q, &q_fp8, &q_scale}, exec);
+    if (q.dim(0) == 0) {
+        return;
+    }
+    // Rows aligned to words (torch's are) take the words kernel: a
+    // lane's 4 bf16 in one 8-byte load, its 4 codes in one 4-byte store.
+    if (!where.on_host() && rows_fit_words(q, 8) && rows_fit_words(q_fp8, 4)) {
+        HalideBuffer in = wrap_row_words(q, 8), codes = wrap_row_words(q_fp8, 4),
+                     scales = wrap_row_scales(q_scale, KPOOL_HEAD_DIM / 4);
+        where.launch(Kernel::FWHT_WORDS, "fwht128_quant_fp8", 0, "none", where.attach(in).raw_buffer(),
+                     where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
+        return;
+    }
+    HalideBuffer in = wrap(q), codes = wrap(q_fp8), scales = wrap_row_scales(q_scale);
+    where.launch(Kernel::FWHT, "fwht128_quant_fp8", 0, "none", where.attach(in).raw_buffer(),
+                 where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
+}
+
+}  // namespace kpool::rt
