@@ -11,8 +11,6 @@
 namespace kpool {
 
 constexpr int kHeadDim = 128;
-// Bytes of one pool in a cache page: 128 e4m3 codes plus one f32 scale.
-constexpr int kCacheRowBytes = kHeadDim + 4;
 constexpr float kFp8Max = 448.0f;
 constexpr float kFp8MaxInv = float(1.0 / 448.0);
 constexpr float kAbsmaxFloor = 1e-4f;

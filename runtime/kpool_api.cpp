@@ -12,7 +12,7 @@ namespace kpool::rt {
 
 namespace {
 
-constexpr int64_t kCacheRowBytes = KPOOL_HEAD_DIM + 4;
+constexpr int64_t kCacheRowBytes = KPOOL_CACHE_ROW_BYTES;
 
 template <typename Body>
 kpool_status_code run(kpool_status *status, Body &&body) {

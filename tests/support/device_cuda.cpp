@@ -1,95 +1,23 @@
-// The tool's CUDA device: device memory in the primary context of the GPU
-// (the context the kpool runtime and PyTorch use), driven through the CUDA
-// driver API loaded at run time, so building the tool needs no CUDA toolkit
-// and the binary runs on machines without a GPU.
-#include <dlfcn.h>
-
+// The CUDA device: device memory in the primary context of the GPU (the
+// context the kpool runtime and PyTorch use), driven through the driver API
+// of support/cuda_driver.h.
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
-#include "device.h"
+#include "support/cuda_driver.h"
+#include "support/device.h"
 
-namespace kpool_tool {
+namespace kpool_support {
 namespace {
 
-// The few driver API types and entry points used here (cuda.h, CUDA >= 11).
-using CUresult = int;
-using CUdevice = int;
-using CUcontext = struct CUctx_st *;
-using CUdeviceptr = unsigned long long;
-using CUmodule = struct CUmod_st *;
-using CUfunction = struct CUfunc_st *;
-constexpr CUresult kCudaSuccess = 0;
-
-struct DriverApi {
-    CUresult (*cuInit)(unsigned int) = nullptr;
-    CUresult (*cuDeviceGetCount)(int *) = nullptr;
-    CUresult (*cuDeviceGet)(CUdevice *, int) = nullptr;
-    CUresult (*cuDeviceGetName)(char *, int, CUdevice) = nullptr;
-    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice) = nullptr;
-    CUresult (*cuDevicePrimaryCtxRelease)(CUdevice) = nullptr;
-    CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
-    CUresult (*cuCtxSynchronize)() = nullptr;
-    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t) = nullptr;
-    CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
-    CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t) = nullptr;
-    CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t) = nullptr;
-    CUresult (*cuGetErrorString)(CUresult, const char **) = nullptr;
-    CUresult (*cuModuleLoadData)(CUmodule *, const void *) = nullptr;
-    CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *) = nullptr;
-    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                               void *, void **, void **) = nullptr;
-};
-
-template <typename F>
-bool bind(void *library, const char *name, F *function) {
-    *function = reinterpret_cast<F>(dlsym(library, name));
-    return *function != nullptr;
-}
-
-// Loads libcuda once; throws naming what is missing.
-const DriverApi &driver() {
-    static const DriverApi api = [] {
-        void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-        if (library == nullptr) throw std::runtime_error("no CUDA driver (libcuda.so.1 not found)");
-        DriverApi d;
-        const bool ok = bind(library, "cuInit", &d.cuInit) &&
-                        bind(library, "cuDeviceGetCount", &d.cuDeviceGetCount) &&
-                        bind(library, "cuDeviceGet", &d.cuDeviceGet) &&
-                        bind(library, "cuDeviceGetName", &d.cuDeviceGetName) &&
-                        bind(library, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain) &&
-                        bind(library, "cuDevicePrimaryCtxRelease_v2", &d.cuDevicePrimaryCtxRelease) &&
-                        bind(library, "cuCtxSetCurrent", &d.cuCtxSetCurrent) &&
-                        bind(library, "cuCtxSynchronize", &d.cuCtxSynchronize) &&
-                        bind(library, "cuMemAlloc_v2", &d.cuMemAlloc) &&
-                        bind(library, "cuMemFree_v2", &d.cuMemFree) &&
-                        bind(library, "cuMemcpyHtoD_v2", &d.cuMemcpyHtoD) &&
-                        bind(library, "cuMemcpyDtoH_v2", &d.cuMemcpyDtoH) &&
-                        bind(library, "cuGetErrorString", &d.cuGetErrorString) &&
-                        bind(library, "cuModuleLoadData", &d.cuModuleLoadData) &&
-                        bind(library, "cuModuleGetFunction", &d.cuModuleGetFunction) &&
-                        bind(library, "cuLaunchKernel", &d.cuLaunchKernel);
-        if (!ok) throw std::runtime_error("the CUDA driver is too old (a driver API entry point is missing)");
-        return d;
-    }();
-    return api;
-}
-
-void check(CUresult result, const char *what) {
-    if (result == kCudaSuccess) return;
-    const char *text = nullptr;
-    if (driver().cuGetErrorString(result, &text) != kCudaSuccess || text == nullptr) text = "?";
-    throw std::runtime_error(std::string(what) + " failed: " + text + " (" +
-                             std::to_string(result) + ")");
-}
+using namespace cuda;
 
 class CudaDevice final : public Device {
 public:
     explicit CudaDevice(int index) : index_(index) {
-        const DriverApi &d = driver();
-        check(d.cuInit(0), "cuInit");
+        const Driver &d = driver();
         int count = 0;
         check(d.cuDeviceGetCount(&count), "cuDeviceGetCount");
         if (index >= count) {
@@ -101,7 +29,7 @@ public:
         check(d.cuDeviceGetName(name, sizeof name - 1, device_), "cuDeviceGetName");
         name_ = name;
         check(d.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
-        check(d.cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+        make_current();
         const int32_t zeros[KPOOL_INDEX_ARGS] = {};
         index_errors_ = static_cast<int32_t *>(allocate(sizeof zeros));
         upload(index_errors_, zeros, sizeof zeros);
@@ -123,27 +51,28 @@ public:
         return reinterpret_cast<void *>(static_cast<uintptr_t>(pointer));
     }
     void release(void *data) override {
-        if (data != nullptr) driver().cuMemFree(to_device_pointer(data));
+        if (data != nullptr) driver().cuMemFree(device_pointer(data));
     }
     void upload(void *device_data, const void *host_data, int64_t bytes) override {
         if (bytes == 0) return;
-        check(driver().cuMemcpyHtoD(to_device_pointer(device_data), host_data,
+        check(driver().cuMemcpyHtoD(device_pointer(device_data), host_data,
                                     static_cast<size_t>(bytes)),
               "cuMemcpyHtoD");
     }
     void download(void *host_data, const void *device_data, int64_t bytes) override {
         if (bytes == 0) return;
-        check(driver().cuMemcpyDtoH(host_data, to_device_pointer(device_data),
+        check(driver().cuMemcpyDtoH(host_data, device_pointer(device_data),
                                     static_cast<size_t>(bytes)),
               "cuMemcpyDtoH");
     }
     void synchronize() override { check(driver().cuCtxSynchronize(), "cuCtxSynchronize"); }
+    void make_current() override { check(driver().cuCtxSetCurrent(context_), "cuCtxSetCurrent"); }
     // The legacy default stream, which the synchronous copies above also use,
     // and words that mark out-of-range indices (kpool_check_index_errors).
     kpool_exec exec() const override { return kpool_exec{nullptr, KPOOL_ARITHMETIC_EXACT, index_errors_}; }
 
     bool time_empty_launches(int calls, double *us_per_call) override {
-        const DriverApi &d = driver();
+        const Driver &d = driver();
         if (empty_kernel_ == nullptr) {
             // PTX of a kernel that returns at once, JIT-compiled by the driver
             // when loaded (kept loaded, with the context), then run once.
@@ -166,10 +95,6 @@ public:
     }
 
 private:
-    static CUdeviceptr to_device_pointer(const void *data) {
-        return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(data));
-    }
-
     int index_;
     CUdevice device_ = 0;
     CUcontext context_ = nullptr;
@@ -189,4 +114,4 @@ std::unique_ptr<Device> open_cuda_device(int index, std::string *error) {
     }
 }
 
-}  // namespace kpool_tool
+}  // namespace kpool_support
