@@ -21,6 +21,9 @@ using CUresult = int;
 using CUdevice = int;
 
 // The few driver entry points kpool itself needs (Halide loads its own).
+// The tests and the tool load the driver through their own shim
+// (tests/support/cuda_driver.h); the library keeps this one so that the
+// product depends on no test code.
 struct Driver {
     CUresult (*cuInit)(unsigned);
     CUresult (*cuDeviceGetCount)(int *);

@@ -38,7 +38,7 @@ HalideBuffer wrap(const TensorArg &a) {
 
 CacheViews wrap_kv_cache(const TensorArg &kv_cache) {
     const int32_t block_size = i32(kv_cache.dim(1)), pages = i32(kv_cache.dim(0));
-    const int32_t page_stride = i32(kv_cache.dim(0) > 1 ? kv_cache.stride(0) : kv_cache.dim(1) * (KPOOL_HEAD_DIM + 4));
+    const int32_t page_stride = i32(kv_cache.dim(0) > 1 ? kv_cache.stride(0) : kv_cache.dim(1) * KPOOL_CACHE_ROW_BYTES);
     uint8_t *base = static_cast<uint8_t *>(kv_cache.t->data);
     CacheViews v;
     v.codes = make(halide_type_of<uint8_t>(), base,

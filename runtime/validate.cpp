@@ -270,7 +270,7 @@ std::string element_name(const TensorArg &a, int64_t flat_index) {
 
 namespace {
 
-constexpr int64_t kCacheRowBytes = KPOOL_HEAD_DIM + 4;
+constexpr int64_t kCacheRowBytes = KPOOL_CACHE_ROW_BYTES;
 
 }  // namespace
 
@@ -326,8 +326,6 @@ void require_disjoint_rows(const TensorArg &a) {
     }
 }
 
-// bf16 keys [., ., 128] (compress: [n, P, 128]; decode: [B, N, 128]);
-// require_scores: their scores, of the same shape, in one of `score_dtypes`.
 TensorArg require_keys(const char *name, const kpool_tensor *t) {
     TensorArg keys = require_tensor(name, t, {KPOOL_DTYPE_BFLOAT16}, 3);
     require_dim(keys, 2, KPOOL_HEAD_DIM, "head_dim");

@@ -75,7 +75,7 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
     case Kernel::COMPRESS_TO_ROWS: {
         const bool to_cache = v.kind == Kernel::COMPRESS_TO_CACHE;
         const kpool_dtype score_dtype = std::string(v.type) == "f32" ? KPOOL_DTYPE_FLOAT32 : KPOOL_DTYPE_BFLOAT16;
-        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, D + 4}),
+        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
                            k = tensor(KPOOL_DTYPE_BFLOAT16, {1, P, D}), s = tensor(score_dtype, {1, P, D}),
                            ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}), loc = tensor(KPOOL_DTYPE_INT64, {1}),
                            codes = tensor(KPOOL_DTYPE_UINT8, {1, D}), scale = tensor(KPOOL_DTYPE_FLOAT32, {1});
@@ -88,7 +88,7 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
     case Kernel::DECODE_UPDATE: {
         // One token per request takes the one-kernel variant, two the pair.
         const int64_t N = v.kind == Kernel::DECODE_UPDATE ? 1 : 2;
-        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, D + 4}),
+        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
                            tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}),
                            tsm = tensor(KPOOL_DTYPE_INT32, {1, N}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}),
                            score = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}), ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}),

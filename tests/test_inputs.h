@@ -1,12 +1,14 @@
 // Engine-shaped random inputs for the op tests, shared by the CPU tests
 // (test_ops.cpp, against the scalar reference) and the GPU tests
-// (test_gpu.cpp, against the CPU kernels).
+// (test_gpu_*.cpp, against the CPU kernels), and the parameter axes and test
+// names the two suites share.
 #pragma once
 
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "test_util.h"
@@ -267,5 +269,65 @@ inline TokenMapInputs make_token_map(std::mt19937 &rng, TokenMap map, int64_t ro
     t.has_offsets = map == TokenMap::kOffsets1d || map == TokenMap::kOffsets2d;
     return t;
 }
+
+// expand_pools_to_tokens' groups [rows, G]: ids up to 4000 / P, -1 in every
+// fourth group, one past int32 (int64 ids), and a valid mask of 80% true.
+struct GroupInputs {
+    HostTensor ids, valid;
+};
+
+inline GroupInputs make_group_inputs(std::mt19937 &rng, int P, kpool_dtype ids_dtype, int64_t rows, int64_t G) {
+    GroupInputs in;
+    in.ids = HostTensor(ids_dtype, {rows, G});
+    in.valid = HostTensor(KPOOL_DTYPE_BOOL, {rows, G});
+    std::bernoulli_distribution coin(0.8);
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < G; ++g) {
+            int64_t id = std::uniform_int_distribution<int64_t>(-3, 4000 / P)(rng);
+            if (g % 4 == 1) id = -1;
+            if (g == 5 && ids_dtype == KPOOL_DTYPE_INT64) id = (int64_t(1) << 34) + g;
+            in.ids.set_int({r, g}, id);
+            in.valid.set<uint8_t>({r, g}, coin(rng) ? 1 : 0);
+        }
+    }
+    return in;
+}
+
+// The parameter axes both suites run an op over, and the names of the
+// tests: INSTANTIATE_TEST_SUITE_P(..., ParamName()).
+using FwhtParam = std::tuple<int /*rows*/, bool /*scale [rows,1]*/, kpool_dtype /*q_fp8*/>;
+using SeedParam = std::tuple<int /*P*/, int /*ring = P * this*/, kpool_dtype /*tslot*/, bool /*padded*/>;
+using ExpandTailParam = std::tuple<int /*P*/, kpool_dtype /*pool_ids*/, bool /*bound*/>;
+using ToTokensParam = std::tuple<int /*P*/, kpool_dtype /*group_ids*/, TokenMap>;
+using AppendParam = std::tuple<int /*P*/, TokenMap>;
+
+struct ParamName {
+    // "rows7_scale2d_e4m3"
+    std::string operator()(const ::testing::TestParamInfo<FwhtParam> &info) const {
+        const auto &[rows, scale_2d, fp8_dtype] = info.param;
+        return "rows" + std::to_string(rows) + (scale_2d ? "_scale2d_" : "_scale1d_") + dtype_tag(fp8_dtype);
+    }
+    // "P4_ring2P_i64_padded"
+    std::string operator()(const ::testing::TestParamInfo<SeedParam> &info) const {
+        const auto &[P, ring_mult, tslot_dtype, padded] = info.param;
+        return "P" + std::to_string(P) + "_ring" + std::to_string(ring_mult) + "P_" + dtype_tag(tslot_dtype) +
+               (padded ? "_padded" : "_dense");
+    }
+    // "P4_i32_bounded"
+    std::string operator()(const ::testing::TestParamInfo<ExpandTailParam> &info) const {
+        const auto &[P, ids_dtype, bound] = info.param;
+        return "P" + std::to_string(P) + "_" + dtype_tag(ids_dtype) + (bound ? "_bounded" : "_unbounded");
+    }
+    // "P4_i64_pageTable"
+    std::string operator()(const ::testing::TestParamInfo<ToTokensParam> &info) const {
+        const auto &[P, ids_dtype, map] = info.param;
+        return "P" + std::to_string(P) + "_" + dtype_tag(ids_dtype) + "_" + map_tag(map);
+    }
+    // "P4_offsets1d"
+    std::string operator()(const ::testing::TestParamInfo<AppendParam> &info) const {
+        const auto &[P, map] = info.param;
+        return "P" + std::to_string(P) + "_" + map_tag(map);
+    }
+};
 
 }  // namespace kpool_test

@@ -26,20 +26,11 @@ using ::testing::ValuesIn;
 
 const int kAllPoolSizes[] = {1, 2, 4, 8, 16, 32, 64};
 
-#define ASSERT_KPOOL_OK(expr, status)                                                   \
-    do {                                                                                \
-        const kpool_status_code rc_ = (expr);                                           \
-        ASSERT_EQ(rc_, KPOOL_OK) << kpool_status_name(rc_) << ": " << (status).message; \
-        ASSERT_EQ((status).code, KPOOL_OK) << (status).message;                        \
-    } while (0)
-
 kpool_exec cpu_exec() { return kpool_exec{nullptr}; }
 
 // ---------------------------------------------------------------------------
 // 1. fwht128_quant_fp8
 // ---------------------------------------------------------------------------
-
-using FwhtParam = std::tuple<int /*rows*/, bool /*scale [rows,1]*/, kpool_dtype /*q_fp8*/>;
 
 class FwhtTest : public ::testing::TestWithParam<FwhtParam> {};
 
@@ -89,11 +80,7 @@ TEST_P(FwhtTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Rows, FwhtTest,
                          Combine(Values(0, 1, 7, 64, 515), Values(false, true),
                                  Values(KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_UINT8)),
-                         [](const auto &info) {
-                             return "rows" + std::to_string(std::get<0>(info.param)) +
-                                    (std::get<1>(info.param) ? "_scale2d" : "_scale1d") + "_" +
-                                    dtype_tag(std::get<2>(info.param));
-                         });
+                         ParamName());
 
 // ---------------------------------------------------------------------------
 // 2. compress_and_write_cache
@@ -226,8 +213,6 @@ TEST(CompressEdge, EmptyBatchWithNullData) {
 // 3. seed_tail_cache
 // ---------------------------------------------------------------------------
 
-using SeedParam = std::tuple<int /*P*/, int /*ring = P * this*/, kpool_dtype /*tslot*/, bool /*padded*/>;
-
 class SeedTest : public ::testing::TestWithParam<SeedParam> {};
 
 TEST_P(SeedTest, MatchesReference) {
@@ -258,12 +243,7 @@ TEST_P(SeedTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(All, SeedTest,
                          Combine(ValuesIn(kAllPoolSizes), Values(1, 2),
                                  Values(KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64), Values(false, true)),
-                         [](const auto &info) {
-                             return "P" + std::to_string(std::get<0>(info.param)) + "_ring" +
-                                    std::to_string(std::get<1>(info.param)) + "P_" +
-                                    dtype_tag(std::get<2>(info.param)) +
-                                    (std::get<3>(info.param) ? "_padded" : "_dense");
-                         });
+                         ParamName());
 
 TEST(SeedEdge, EmptyBatch) {
     for (kpool_dtype dt : {KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64}) {
@@ -525,8 +505,6 @@ TEST(DecodeEdge, SeedThenDecodeChain) {
 // 5. expand_pools_and_append_tail
 // ---------------------------------------------------------------------------
 
-using ExpandTailParam = std::tuple<int /*P*/, kpool_dtype /*pool_ids*/, bool /*bound*/>;
-
 class ExpandAndAppendTest : public ::testing::TestWithParam<ExpandTailParam> {};
 
 void check_expand_and_append(int P, kpool_dtype ids_dtype, bool bound, int64_t rows, int64_t G,
@@ -580,11 +558,7 @@ TEST_P(ExpandAndAppendTest, EmptyRowsAndGroups) {
 INSTANTIATE_TEST_SUITE_P(All, ExpandAndAppendTest,
                          Combine(ValuesIn(kAllPoolSizes), Values(KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64),
                                  Values(false, true)),
-                         [](const auto &info) {
-                             return "P" + std::to_string(std::get<0>(info.param)) + "_" +
-                                    dtype_tag(std::get<1>(info.param)) +
-                                    (std::get<2>(info.param) ? "_bounded" : "_unbounded");
-                         });
+                         ParamName());
 
 // Large pool ids: id * P + c wraps to int32 as the reference's .to(int32).
 TEST(ExpandEdge, LargePoolIdsWrapLikeTheReference) {
@@ -670,30 +644,18 @@ TEST(ExpandEdge, EmptyDescriptorsFromTensorContiguous) {
 // 6. expand_pools_to_tokens, 7. append_tail_to_topk
 // ---------------------------------------------------------------------------
 
-using ToTokensParam = std::tuple<int /*P*/, kpool_dtype /*group_ids*/, TokenMap>;
-
 class ExpandToTokensTest : public ::testing::TestWithParam<ToTokensParam> {};
 
 void check_expand_to_tokens(int P, kpool_dtype ids_dtype, TokenMap map, int64_t rows, int64_t G,
                             uint32_t seed) {
     std::mt19937 rng(seed);
     const int64_t topk = G * P;
-    HostTensor ids(ids_dtype, {rows, G}), valid(KPOOL_DTYPE_BOOL, {rows, G});
-    std::bernoulli_distribution coin(0.8);
-    for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t g = 0; g < G; ++g) {
-            int64_t id = std::uniform_int_distribution<int64_t>(-3, 4000 / P)(rng);
-            if (g % 4 == 1) id = -1;
-            if (g == 5 && ids_dtype == KPOOL_DTYPE_INT64) id = (int64_t(1) << 34) + g;
-            ids.set_int({r, g}, id);
-            valid.set<uint8_t>({r, g}, coin(rng) ? 1 : 0);
-        }
-    }
+    const GroupInputs groups = make_group_inputs(rng, P, ids_dtype, rows, G);
     TokenMapInputs tm = make_token_map(rng, map, rows, 3000);
     HostTensor out_ref(KPOOL_DTYPE_INT32, {rows, topk});
     out_ref.fill_random_bytes(rng);
     HostTensor out_api = out_ref, out_again = out_ref;
-    const kpool_tensor i = ids.desc(), v = valid.desc(), pt = tm.page_table.desc(),
+    const kpool_tensor i = groups.ids.desc(), v = groups.valid.desc(), pt = tm.page_table.desc(),
                        to = tm.topk_offsets.desc();
     {
         const kpool_tensor o = out_ref.desc();
@@ -728,13 +690,7 @@ INSTANTIATE_TEST_SUITE_P(All, ExpandToTokensTest,
                          Combine(ValuesIn(kAllPoolSizes), Values(KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64),
                                  Values(TokenMap::kNone, TokenMap::kPageTable, TokenMap::kOffsets1d,
                                         TokenMap::kOffsets2d)),
-                         [](const auto &info) {
-                             return "P" + std::to_string(std::get<0>(info.param)) + "_" +
-                                    dtype_tag(std::get<1>(info.param)) + "_" +
-                                    map_tag(std::get<2>(info.param));
-                         });
-
-using AppendParam = std::tuple<int /*P*/, TokenMap>;
+                         ParamName());
 
 class AppendTailTest : public ::testing::TestWithParam<AppendParam> {};
 
@@ -800,10 +756,7 @@ INSTANTIATE_TEST_SUITE_P(All, AppendTailTest,
                          Combine(ValuesIn(kAllPoolSizes),
                                  Values(TokenMap::kNone, TokenMap::kPageTable, TokenMap::kOffsets1d,
                                         TokenMap::kOffsets2d)),
-                         [](const auto &info) {
-                             return "P" + std::to_string(std::get<0>(info.param)) + "_" +
-                                    map_tag(std::get<1>(info.param));
-                         });
+                         ParamName());
 
 // expand_pools_and_append_tail is expand_pools_to_tokens + append_tail_to_topk
 // on the identity path (SPEC op 5).

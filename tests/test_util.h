@@ -24,7 +24,7 @@
 namespace kpool_test {
 
 constexpr int kD = KPOOL_HEAD_DIM;
-constexpr int kRowBytes = kD + 4;  // one pool in a cache page: 128 codes + f32 scale
+constexpr int kRowBytes = KPOOL_CACHE_ROW_BYTES;  // one pool in a cache page: 128 codes + f32 scale
 
 inline size_t dtype_size(kpool_dtype dtype) {
     switch (dtype) {
@@ -182,10 +182,7 @@ inline std::vector<int64_t> distinct_slots(std::mt19937 &rng, int64_t range, int
 
 // Byte-exact comparison that reports how many bytes differ and the first few.
 inline ::testing::AssertionResult BytesEqual(const char *expected_expr, const char *actual_expr,
-                                             const HostTensor &expected,
-                                             const HostTensor &actual) {
-    const auto &e = expected.bytes();
-    const auto &a = actual.bytes();
+                                             const std::vector<uint8_t> &e, const std::vector<uint8_t> &a) {
     if (e.size() != a.size()) {
         return ::testing::AssertionFailure()
                << actual_expr << " has " << a.size() << " bytes, " << expected_expr << " "
@@ -208,8 +205,21 @@ inline ::testing::AssertionResult BytesEqual(const char *expected_expr, const ch
            << e.size() << " bytes:" << first.str();
 }
 
+inline ::testing::AssertionResult BytesEqual(const char *expected_expr, const char *actual_expr,
+                                             const HostTensor &expected, const HostTensor &actual) {
+    return BytesEqual(expected_expr, actual_expr, expected.bytes(), actual.bytes());
+}
+
 #define EXPECT_BYTES_EQ(expected, actual) EXPECT_PRED_FORMAT2(::kpool_test::BytesEqual, expected, actual)
 #define ASSERT_BYTES_EQ(expected, actual) ASSERT_PRED_FORMAT2(::kpool_test::BytesEqual, expected, actual)
+
+// A C API call that must succeed: its code and status.code, with the message.
+#define ASSERT_KPOOL_OK(expr, status)                                                   \
+    do {                                                                                \
+        const kpool_status_code rc_ = (expr);                                           \
+        ASSERT_EQ(rc_, KPOOL_OK) << kpool_status_name(rc_) << ": " << (status).message; \
+        ASSERT_EQ((status).code, KPOOL_OK) << (status).message;                         \
+    } while (0)
 
 // A copy of `src` laid out with other strides (a view into a padded
 // allocation, as an engine's tensors often are). Padding bytes are `pad`:

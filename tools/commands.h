@@ -5,9 +5,17 @@
 #include <cstdint>
 #include <string>
 
-#include "device.h"
+#include "support/device.h"
 
 namespace kpool_tool {
+
+// Where the commands run their calls: the test-support library's device layer.
+using kpool_support::Device;
+using kpool_support::DeviceBuffer;
+using kpool_support::DeviceChoice;
+using kpool_support::OpenedDevice;
+using kpool_support::open_device;
+using kpool_support::parse_device_choice;
 
 // Exit statuses shared by every command.
 constexpr int kExitOk = 0;

@@ -33,7 +33,7 @@ constexpr int64_t kHeadDim = KPOOL_HEAD_DIM;
 constexpr int32_t kPoolSize = 4;
 constexpr int64_t kRing = kPoolSize;       // tail ring slots per request
 constexpr int64_t kBlockSize = 64;         // pool slots per indexer cache page
-constexpr int64_t kRowBytes = kHeadDim + 4; // fp8 K row + f32 scale
+constexpr int64_t kRowBytes = KPOOL_CACHE_ROW_BYTES; // fp8 K row + f32 scale
 // The tail cache aliases the indexer allocation in an engine, so its blocks
 // are padded: this many bf16 elements after each block's two halves.
 constexpr int64_t kTailBlockPadding = 96;

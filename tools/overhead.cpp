@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "commands.h"
-#include "device.h"
 
 namespace kpool_tool {
 namespace {
@@ -49,8 +48,8 @@ std::vector<Case> smallest_calls(Tensors &t, int32_t *index_errors) {
     const int P = 4;
     const kpool_tensor q = t(KPOOL_DTYPE_BFLOAT16, {1, kD}), q8 = t(KPOOL_DTYPE_UINT8, {1, kD}),
                        qs = t(KPOOL_DTYPE_FLOAT32, {1});
-    const kpool_tensor cache = t(KPOOL_DTYPE_UINT8, {1, 64, kD + 4}), tail = t(KPOOL_DTYPE_BFLOAT16, {1, 2, P, kD}),
-                       ape = t(KPOOL_DTYPE_FLOAT32, {P, kD});
+    const kpool_tensor cache = t(KPOOL_DTYPE_UINT8, {1, 64, KPOOL_CACHE_ROW_BYTES}),
+                       tail = t(KPOOL_DTYPE_BFLOAT16, {1, 2, P, kD}), ape = t(KPOOL_DTYPE_FLOAT32, {P, kD});
     const kpool_tensor sk = t(KPOOL_DTYPE_BFLOAT16, {1, P, kD}), ss = t(KPOOL_DTYPE_BFLOAT16, {1, P, kD}),
                        loc = t(KPOOL_DTYPE_INT64, {1});
     const kpool_tensor key = t(KPOOL_DTYPE_BFLOAT16, {1, kD}), gate = t(KPOOL_DTYPE_BFLOAT16, {1, kD}),

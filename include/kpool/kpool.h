@@ -20,6 +20,10 @@ extern "C" {
 #endif
 
 #define KPOOL_HEAD_DIM 128
+/* Bytes of one slot of the paged K cache, uint8 [num_blocks, block_size,
+ * KPOOL_CACHE_ROW_BYTES]: a page holds its slots' e4m3 codes (KPOOL_HEAD_DIM
+ * bytes each), then their f32 scales (4 bytes each). */
+#define KPOOL_CACHE_ROW_BYTES (KPOOL_HEAD_DIM + 4)
 #define KPOOL_MAX_DIMS 4
 #define KPOOL_MESSAGE_SIZE 512
 

@@ -42,7 +42,7 @@
 namespace kfuzz {
 
 constexpr int kD = KPOOL_HEAD_DIM;
-constexpr int kRowBytes = kD + 4;
+constexpr int kRowBytes = KPOOL_CACHE_ROW_BYTES;
 // Canary bytes before and after the memory of every tensor.
 constexpr int64_t kGuard = 64;
 // The most bytes a tensor's layout may span (larger inputs are skipped).

@@ -595,4 +595,9 @@ std::vector<uint8_t> expected_kv_cache(const Case &c) {
     return expected;
 }
 
+std::vector<uint8_t> expected_output(const Case &c, const std::string &key) {
+    if (c.op == Op::DecodeUpdateBatched && key == "kv_cache") return expected_kv_cache(c);
+    return c.output(key).bytes;
+}
+
 }  // namespace kpool_dump

@@ -1,8 +1,8 @@
 // kpool_dump: loads a reference dump directory (manifest.json plus one raw
 // .bin per tensor, written by shared/anchors/bench_triton.py --dump) and
 // describes where the reference's output is deliberately not ours. Used by
-// the tests and by `kpool check DIR`, so it depends on nothing but the C API
-// header and the standard library. Errors are thrown as std::runtime_error
+// the tests and by `kpool check DIR` (with support/replay.h); it depends on
+// nothing but the C API header and the standard library. Errors are thrown as std::runtime_error
 // naming the file and the field.
 #ifndef KPOOL_TESTS_SUPPORT_DUMP_H
 #define KPOOL_TESTS_SUPPORT_DUMP_H
@@ -135,6 +135,10 @@ std::vector<SkippedCompletion> skipped_completions(const Case &decode_case);
 // that the ranges of skipped completions keep the input's bytes. For other
 // ops with a kv_cache output it is that output unchanged.
 std::vector<uint8_t> expected_kv_cache(const Case &c);
+
+// The bytes a correct call must leave in output `key`: expected_kv_cache for
+// a decode's kv_cache, else the dump's output.
+std::vector<uint8_t> expected_output(const Case &c, const std::string &key);
 
 }  // namespace kpool_dump
 

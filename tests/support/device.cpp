@@ -1,9 +1,9 @@
-#include "device.h"
+#include "support/device.h"
 
 #include <cstring>
 #include <stdexcept>
 
-namespace kpool_tool {
+namespace kpool_support {
 namespace {
 
 // The C API's kernels read and write the caller's host buffers in place.
@@ -101,4 +101,4 @@ kpool_tensor DeviceBuffer::contiguous(kpool_dtype dtype, const std::vector<int64
     return t;
 }
 
-}  // namespace kpool_tool
+}  // namespace kpool_support

@@ -1,9 +1,11 @@
-// Where the kpool tool runs its kernels: the memory the C API is handed, the
-// copies to and from it, and the stream. The CPU device hands the C API host
-// memory; the CUDA device owns device memory and copies to and from it.
-// Everything above this interface (demo, check) is written once for both.
-#ifndef KPOOL_TOOLS_DEVICE_H
-#define KPOOL_TOOLS_DEVICE_H
+// Where the kpool tool and the tests run kernels: the memory the C API is
+// handed, the copies to and from it, and the stream. The CPU device hands the
+// C API host memory; the CUDA device owns device memory and copies to and
+// from it (through support/cuda_driver.h). Everything above this interface
+// (kpool demo, kpool check, the dump replay, the GPU tests) is written once
+// for both.
+#ifndef KPOOL_TESTS_SUPPORT_DEVICE_H
+#define KPOOL_TESTS_SUPPORT_DEVICE_H
 
 #include <cstdint>
 #include <memory>
@@ -12,7 +14,7 @@
 
 #include "kpool/kpool.h"
 
-namespace kpool_tool {
+namespace kpool_support {
 
 class Device {
 public:
@@ -32,6 +34,10 @@ public:
     virtual void download(void *host_data, const void *device_data, int64_t bytes) = 0;
     // Waits until every call issued on exec() has finished (for timing).
     virtual void synchronize() = 0;
+    // Makes the device's context current on the calling thread, for the
+    // caller's own driver calls (streams, async copies) and for allocations
+    // made from other threads; nothing to do on the CPU.
+    virtual void make_current() {}
     virtual kpool_exec exec() const = 0;
     // Host µs per launch of an empty kernel on exec()'s stream, `calls` back
     // to back (the driver's floor under any kernel call); false where the
@@ -61,8 +67,9 @@ OpenedDevice open_device(DeviceChoice choice);
 // Whether the kpool library was built with CUDA kernels (kpool_version()).
 bool library_has_cuda();
 
-// GPU `index` through the CUDA driver (loaded at run time; device_cuda.cpp),
-// or null with the reason in *error (no driver, no such GPU).
+// GPU `index` through the CUDA driver (device_cuda.cpp), its context made
+// current on the calling thread; or null with the reason in *error (no
+// driver, no such GPU).
 std::unique_ptr<Device> open_cuda_device(int index, std::string *error);
 
 // Bytes owned for one tensor: a host copy (what the reference and the
@@ -95,6 +102,6 @@ private:
     void *device_data_ = nullptr;
 };
 
-}  // namespace kpool_tool
+}  // namespace kpool_support
 
-#endif  // KPOOL_TOOLS_DEVICE_H
+#endif  // KPOOL_TESTS_SUPPORT_DEVICE_H

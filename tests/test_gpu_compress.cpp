@@ -1,0 +1,157 @@
+// compress_and_write_cache on the GPU: GpuCompress against the CPU, bit for
+// bit; GpuTritonArithmetic, the Triton reference's arithmetic against the
+// exact CPU kernels.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gpu_fixtures.h"
+
+namespace kpool_test {
+namespace {
+
+using ::testing::Combine;
+using ::testing::Values;
+using ::testing::ValuesIn;
+
+// compress_and_write_cache: P x score dtype x mode; the page size (16 / 64),
+// the padded page stride and round_scale vary with the mode.
+using GpuCompressParam = std::tuple<int, kpool_dtype, CompressMode>;
+class GpuCompress : public GpuParamTest<GpuCompressParam> {};
+
+TEST_P(GpuCompress, MatchesCpu) {
+    const auto [P, score_dtype, mode] = GetParam();
+    const int m = static_cast<int>(mode);
+    const int block_size = m % 2 ? 64 : 16;
+    const bool padded = m % 3 != 0;
+    const bool round_scale = (m + P) % 2 == 0;
+    std::mt19937 rng(2000 + P * 17 + m * 3 + (score_dtype == KPOOL_DTYPE_FLOAT32));
+    const int64_t n = 37;
+    const int64_t num_blocks = (3 * n) / block_size + 2;
+    const bool masked = mode == CompressMode::kWriteMasked;
+    const bool write_cache = mode == CompressMode::kWrite || masked || mode == CompressMode::kWriteAndReturn;
+    const bool ret = !write_cache || mode == CompressMode::kWriteAndReturn;
+    const bool cache_given = mode != CompressMode::kReturnOnlyNoCache;
+
+    CompressCase c(gpu(), rng, n, P, score_dtype, num_blocks, block_size, padded);
+    const kpool_dtype ck_dtype = block_size == 16 ? KPOOL_DTYPE_FLOAT8_E4M3FN : KPOOL_DTYPE_UINT8;
+    Mirrored ck(gpu(), random_bytes_like(rng, HostTensor(ck_dtype, {n, kD}))),
+        cs(gpu(), random_bytes_like(rng, HostTensor(KPOOL_DTYPE_FLOAT32, {n})));
+    auto opt_on = [](Mirrored &t, bool present, Side s) { return present ? t.on(s) : nullptr; };
+    run_both(
+        [&, P = P](Side s, const kpool_exec *ex, kpool_status *st) {
+            return kpool_compress_and_write_cache(opt_on(c.cache, cache_given, s), c.slot_k.on(s),
+                                                  c.slot_score.on(s), c.ape.on(s), c.loc.on(s),
+                                                  opt_on(c.write_mask, masked, s), opt_on(ck, ret, s),
+                                                  opt_on(cs, ret, s), P, kD, round_scale, write_cache, ex, st);
+        },
+        {{"kv_cache", &c.cache}, {"compressed_k", &ck}, {"compressed_scale", &cs}});
+    if (write_cache) {
+        EXPECT_TRUE(c.cache.cpu().bytes() != c.cache0.bytes()) << "the test wrote nothing";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuCompress,
+                         Combine(ValuesIn(kGpuPoolSizes), Values(KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32),
+                                 Values(CompressMode::kWrite, CompressMode::kWriteMasked,
+                                        CompressMode::kWriteAndReturn, CompressMode::kReturnOnly,
+                                        CompressMode::kReturnOnlyNoCache)),
+                         [](const auto &info) {
+                             return "P" + std::to_string(std::get<0>(info.param)) + "_" +
+                                    dtype_tag(std::get<1>(info.param)) + "_" +
+                                    mode_tag(std::get<2>(info.param));
+                         });
+
+// KPOOL_ARITHMETIC_TRITON: the reference's own instructions, checked bit
+// for bit against the reference itself by the Python side-by-side test
+// (python/tests/test_gpu_side_by_side.py). Here, against the exact CPU
+// kernels: the same slots written and nothing else, the same scales but
+// where a ue8m0 boundary moved, and codes that differ only where an
+// approximate exp or division moved the pooled values by an ulp: in few rows
+// (0.1-0.2% on the H200), a few codes each (a wrong row would differ in most
+// of its 128). At least one row must differ, or the triton variant did not
+// run.
+class GpuTritonArithmetic : public GpuParamTest<int> {};
+
+TEST_P(GpuTritonArithmetic, CompressDiffersFromExactInFewCodesOfFewRows) {
+    const int P = GetParam();
+    const int64_t n = 16384, block_size = 64, num_blocks = n / block_size + 1;
+    std::mt19937 rng(5000 + P);
+    CompressCase c(gpu(), rng, n, P, KPOOL_DTYPE_BFLOAT16, num_blocks, block_size, /*padded=*/true);
+    Mirrored ck(gpu(), HostTensor(KPOOL_DTYPE_UINT8, {n, kD})), cs(gpu(), HostTensor(KPOOL_DTYPE_FLOAT32, {n}));
+    const kpool_exec exact{nullptr, KPOOL_ARITHMETIC_EXACT}, triton{nullptr, KPOOL_ARITHMETIC_TRITON};
+    for (Side s : {Side::Cpu, Side::Gpu}) {
+        kpool_status st{};
+        const kpool_status_code rc = kpool_compress_and_write_cache(
+            c.cache.on(s), c.slot_k.on(s), c.slot_score.on(s), c.ape.on(s), c.loc.on(s), nullptr, ck.on(s),
+            cs.on(s), P, kD, 1, 1, s == Side::Cpu ? &exact : &triton, &st);
+        ASSERT_EQ(rc, KPOOL_OK) << st.message;
+    }
+    c.cache.download(), ck.download(), cs.download();
+    // A row's scale moves only if its absmax crosses a power of two: by 2x.
+    int64_t rows_differing = 0, scales_differing = 0, most_codes = 0;
+    for (int64_t r = 0; r < n; ++r) {
+        const float a_scale = cs.cpu().get<float>({r});
+        float b_scale;
+        std::memcpy(&b_scale, cs.gpu_host().data() + 4 * r, 4);
+        if (a_scale != b_scale) {
+            EXPECT_TRUE(b_scale == 2 * a_scale || a_scale == 2 * b_scale) << "row " << r << ": scale " << b_scale
+                                                                          << ", exact " << a_scale;
+            ++scales_differing, ++rows_differing;
+            continue;
+        }
+        int64_t codes = 0;
+        for (int d = 0; d < kD; ++d) {
+            const size_t at = static_cast<size_t>(r * kD + d);
+            codes += ck.cpu().bytes()[at] != ck.gpu_host()[at];
+        }
+        rows_differing += codes > 0;
+        most_codes = std::max(most_codes, codes);
+    }
+    std::printf("P=%d: %lld of %lld rows differ from exact (%lld by their scale), at most %lld codes of a row\n",
+                P, static_cast<long long>(rows_differing), static_cast<long long>(n),
+                static_cast<long long>(scales_differing), static_cast<long long>(most_codes));
+    EXPECT_GT(rows_differing, 0) << "no row differs: did the triton variant run?";
+    EXPECT_LT(rows_differing, n / 100);
+    EXPECT_LE(most_codes, 32);
+    EXPECT_LE(scales_differing, 2);
+    // The cache holds the same rows: patch the returned rows' codes into the
+    // CPU's cache image, then every byte must agree.
+    std::vector<uint8_t> expected = c.cache.cpu().bytes();
+    const int64_t page_stride = c.cache.cpu().strides()[0];
+    for (int64_t r = 0; r < n; ++r) {
+        const int64_t slot = c.in.loc.get<int64_t>({r});
+        if (slot < 0) continue;
+        const int64_t at = (slot / block_size) * page_stride + (slot % block_size) * kD;
+        std::copy_n(ck.gpu_host().begin() + r * kD, kD, expected.begin() + at);
+    }
+    EXPECT_TRUE(same_bytes("kv_cache (GPU triton vs CPU exact, returned rows patched in)", expected,
+                           std::vector<uint8_t>(c.cache.gpu_host())));
+    // KPOOL_ARITHMETIC_DEFAULT on CUDA tensors is the reference's arithmetic:
+    // the same call again with it leaves every byte as triton wrote it (the
+    // exact arithmetic would rewrite the rows counted above).
+    const std::vector<uint8_t> triton_cache = c.cache.gpu_host(), triton_codes = ck.gpu_host(),
+                               triton_scales = cs.gpu_host();
+    const kpool_exec by_default{nullptr, KPOOL_ARITHMETIC_DEFAULT};
+    kpool_status st{};
+    ASSERT_EQ(kpool_compress_and_write_cache(c.cache.on(Side::Gpu), c.slot_k.on(Side::Gpu),
+                                             c.slot_score.on(Side::Gpu), c.ape.on(Side::Gpu), c.loc.on(Side::Gpu),
+                                             nullptr, ck.on(Side::Gpu), cs.on(Side::Gpu), P, kD, 1, 1, &by_default,
+                                             &st),
+              KPOOL_OK)
+        << st.message;
+    c.cache.download(), ck.download(), cs.download();
+    EXPECT_TRUE(same_bytes("kv_cache (GPU default vs triton)", triton_cache, c.cache.gpu_host()));
+    EXPECT_TRUE(same_bytes("compressed_k (GPU default vs triton)", triton_codes, ck.gpu_host()));
+    EXPECT_TRUE(same_bytes("compressed_scale (GPU default vs triton)", triton_scales, cs.gpu_host()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuTritonArithmetic, ValuesIn(kGpuPoolSizes),
+                         [](const auto &info) { return "P" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace kpool_test
