@@ -173,7 +173,8 @@ def main(argv=None):
                 _calls._torch_calls = extension
         row["within_target"] = row["ours"] <= TARGET_US
         rows.append(row)
-        print(f"{op:<52}" + "".join(f"{row[n]:>11.2f}" for n in names) + f"   {'yes' if row['within_target'] else 'NO'}")
+        verdict = "yes" if row["within_target"] else "NO"
+        print(f"{op:<52}" + "".join(f"{row[n]:>11.2f}" for n in names) + f"   {verdict}")
     out = a.out or (os.path.join(os.environ["OUT"], "kpool_host_overhead.json") if os.environ.get("OUT") else None)
     if out:
         with open(out, "w") as f:

@@ -267,7 +267,6 @@ def execution_options():
     return _lib.ARITHMETICS[_arithmetic[0]], words.device.index, words.data_ptr()
 
 
-
 def check_index_errors() -> None:
     """Raises KpoolIndexRangeError naming every argument that had an
     out-of-range index in a CUDA call since the last check, and zeroes the

@@ -31,6 +31,8 @@ sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
 
 import kpool  # noqa: E402
 import workloads as kt  # noqa: E402
+from test_torch_ops import _all_ops, _state  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
 
 try:
     REF = kt.import_reference()
@@ -164,8 +166,6 @@ def _compare(what, pairs):
 
 @pytest.mark.parametrize("P,ring", [(4, 8), (16, 16)])
 def test_compiled_indexer_matches_the_reference_for_100_decode_steps(P, ring):
-    from torch._dynamo.utils import counters
-
     torch._dynamo.reset()
     counters.clear()
     steps = 100
@@ -204,8 +204,6 @@ class AllOps(torch.nn.Module):
         self.tail_view = (tuple(state["tail_kv_cache"].shape), tuple(state["tail_kv_cache"].stride()))
 
     def forward(self, inputs):
-        from test_torch_ops import _all_ops
-
         s = dict(inputs, kv_cache=self.kv_cache, tail_base=self.tail_base,
                  tail_kv_cache=self.tail_base.as_strided(*self.tail_view))
         return _all_ops(s)
@@ -215,9 +213,6 @@ def test_every_op_under_cuda_graphs_replays_like_eager():
     """test_torch_ops's mix of every op, compiled with reduce-overhead,
     replayed on three new sets of inputs and cache contents, each against
     the same calls in eager mode."""
-    from test_torch_ops import _all_ops, _state
-    from torch._dynamo.utils import counters
-
     torch._dynamo.reset()
     counters.clear()
     static = {k: v.to(DEV) for k, v in _state(0).items()}
