@@ -24,7 +24,7 @@ byte counts of shared/anchors/bench_triton.py). Per case it prints:
 JSON goes to --out, else $OUT/kpool_bench.json when OUT is set.
 
 The reference module is found like the side-by-side test finds it
-($KPOOL_REFERENCE_DIR, ../shared/reference, /work/shared/reference). When
+($KPOOL_REFERENCE_DIR, else ../shared/reference next to the repo). When
 libkpool.so has no CUDA path, our columns read n/a and only the reference is
 timed.
 """
@@ -264,7 +264,7 @@ def main(argv=None):
     import triton.testing as tt
 
     import kpool
-    from kpool import testing as kt
+    import workloads as kt
 
     ref = kt.import_reference()
     try:

@@ -35,7 +35,7 @@ def main(argv=None):
     import torch
 
     import kpool
-    from kpool import testing as kt
+    import workloads as kt
 
     lib = kt.import_reference() if a.reference else kpool
     gen = kt.Gen(1234, "cuda")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a GPU machine that has no Halide: the GPU tests, the dump check
 # and the demo on the device, the benchmark next to the Triton reference, the
-# Python side-by-side test, the benchmark in the exact arithmetic, and
+# Python side-by-side test, the torch custom operators under torch.compile
+# (CUDA graphs), the host time per call from Python, the benchmark in the
+# exact arithmetic, and
 # (with --profile) Nsight Compute on the large cases. Everything built here
 # first:
 #
@@ -9,7 +11,8 @@
 #   # the reference module is never part of the project: copy it into the
 #   # ignored .ref/ and carry that next to the build
 #   mkdir -p .ref && cp ../shared/reference/kpool_triton.py ../shared/anchors/bench_triton.py .ref/
-#   # carry build/libkpool.so build/tests/kpool_tests build/tools/kpool and .ref:
+#   # carry build/libkpool.so build/_torch_calls.abi3.so build/tests/kpool_tests
+#   # build/tools/kpool and .ref:
 #   KPOOL_REFERENCE_DIR=.ref bash bench/run_on_gpu.sh [--profile] [--quick]
 #
 # Steps run in that order (most needed first), each within
@@ -72,6 +75,13 @@ step "side by side (kpool's default arithmetic vs the reference)" side_by_side.l
 summary+=("  $(tail -1 "$out/side_by_side.log")")
 while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR|DIFF)|arith_model|boundary|comparisons identical' \
     "$out/side_by_side.log" | head -20)
+step "torch ops: opcheck, torch.compile fullgraph + reduce-overhead, engine module vs the reference" torch_compile.log \
+    python3 -m pytest python/tests/test_torch_ops.py python/tests/test_gpu_torch_compile.py -q -p no:cacheprovider
+summary+=("  $(tail -1 "$out/torch_compile.log")")
+while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR)' "$out/torch_compile.log" | head -10)
+step "host overhead per call (ours vs the reference's launch)" host_overhead.log \
+    python3 bench/host_overhead.py --out "$out/kpool_host_overhead.json"
+while read -r line; do summary+=("  $line"); done < <(grep -E '^(extension|op |[a-z_]+ +[0-9])' "$out/host_overhead.log")
 # The softmax-pool ops again in the contract's arithmetic (KPOOL_ARITHMETIC_EXACT).
 step "bench --arithmetic exact" bench_exact.log \
     python3 bench/bench_gpu.py --min-runs 50 --arithmetic exact --only copy,compress,decode \

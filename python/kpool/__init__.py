@@ -1,11 +1,16 @@
 """kpool: the key-pooling sparse-attention indexer kernels (libkpool.so) for
 Python, as a drop-in for the Triton reference module ``kpool_triton``.
 
-Pure Python: the shared library is loaded with ctypes on first use, from
+The shared library is loaded with ctypes on first use, from
 ``$KPOOL_LIBRARY``, else ``kpool/lib/libkpool.so`` (copied there by
 ``pip install``), else ``<repo>/build/libkpool.so``. Arguments are torch
 tensors (CPU or CUDA; CUDA calls run on torch's current stream) or numpy
 arrays (CPU; bf16 as ``uint16`` arrays, e4m3 as ``uint8``), used in place.
+
+With torch installed, ``import kpool`` registers every op as a PyTorch
+custom operator (``torch.ops.kpool.*``), which the functions below call
+when torch.compile traces them; torch tensors are run through the
+``_torch_calls`` extension next to the library when it is there.
 
 Errors: ``ValueError`` for bad shapes, strides, parameters and out-of-range
 indices, ``TypeError`` for dtypes, ``RuntimeError`` for unsupported variants or

@@ -31,20 +31,12 @@ KPOOL_DTYPE_INT64 = 3
 KPOOL_DTYPE_BFLOAT16 = 4
 KPOOL_DTYPE_FLOAT32 = 5
 KPOOL_DTYPE_FLOAT8_E4M3FN = 6
+KPOOL_DTYPES = 7
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 # kpool_device_type
 KPOOL_DEVICE_CPU = 0
 KPOOL_DEVICE_CUDA = 1
-
-_STATUS_NAMES = {
-    KPOOL_OK: "ok",
-    KPOOL_ERROR_INVALID_ARGUMENT: "invalid argument",
-    KPOOL_ERROR_OUT_OF_RANGE: "index out of range",
-    KPOOL_ERROR_UNSUPPORTED: "unsupported",
-    KPOOL_ERROR_DEVICE: "device error",
-    KPOOL_ERROR_INTERNAL: "internal error",
-}
-
 
 # --- structs ------------------------------------------------------------------
 # C enums are int-sized on every ABI we target (x86-64 / aarch64 Linux).
@@ -184,19 +176,17 @@ def version() -> str:
 
 
 def status_name(code: int) -> str:
-    return _STATUS_NAMES.get(code, f"status {code}")
+    """kpool_status_name(): the runtime's name of a status code."""
+    return load().kpool_status_name(code).decode()
 
 
 # --- errors ---------------------------------------------------------------------
 class KpoolError(Exception):
-    """Base of every error kpool raises; ``code`` is the kpool_status_code."""
+    """Base of every error kpool raises; ``code`` is the kpool_status_code
+    (the class's, or the status a failed call returned). No __init__ of its
+    own, so that torch.compile can raise these from traced code."""
 
     code = KPOOL_ERROR_INTERNAL
-
-    def __init__(self, message: str, code: int | None = None):
-        super().__init__(message)
-        if code is not None:
-            self.code = code
 
 
 class KpoolValueError(KpoolError, ValueError):
@@ -224,12 +214,13 @@ class KpoolRuntimeError(KpoolError, RuntimeError):
 def error_for(code: int, message: str) -> KpoolError:
     """The Python exception for a failed status."""
     if code == KPOOL_ERROR_OUT_OF_RANGE:
-        return KpoolIndexRangeError(message, code)
-    if code == KPOOL_ERROR_INVALID_ARGUMENT:
-        if "dtype" in message:
-            return KpoolTypeError(message, code)
-        return KpoolValueError(message, code)
-    return KpoolRuntimeError(f"{message} [{status_name(code)}]", code)
+        error = KpoolIndexRangeError(message)
+    elif code == KPOOL_ERROR_INVALID_ARGUMENT:
+        error = KpoolTypeError(message) if "dtype" in message else KpoolValueError(message)
+    else:
+        error = KpoolRuntimeError(f"{message} [{status_name(code)}]")
+    error.code = code
+    return error
 
 
 def check(code: int, status: KpoolStatus) -> None:

@@ -37,16 +37,6 @@ from ._lib import (
     KpoolValueError,
 )
 
-DTYPE_NAMES = {
-    KPOOL_DTYPE_UINT8: "uint8",
-    KPOOL_DTYPE_BOOL: "bool",
-    KPOOL_DTYPE_INT32: "int32",
-    KPOOL_DTYPE_INT64: "int64",
-    KPOOL_DTYPE_BFLOAT16: "bfloat16",
-    KPOOL_DTYPE_FLOAT32: "float32",
-    KPOOL_DTYPE_FLOAT8_E4M3FN: "float8_e4m3fn",
-}
-
 # numpy dtype name -> kpool dtype. uint16 is how numpy callers spell bf16.
 _NUMPY_DTYPES = {
     "uint8": KPOOL_DTYPE_UINT8,
@@ -91,6 +81,12 @@ def _torch_tables(torch):
         _torch_alloc = {v: k for k, v in table.items()}
         _torch_dtypes = table
     return _torch_dtypes
+
+
+def torch_dtype_of_code(torch, code: int):
+    """The torch dtype of a kpool dtype code (None when this torch lacks it)."""
+    _torch_tables(torch)
+    return _torch_alloc.get(code)
 
 
 def _torch_of(x):
@@ -207,6 +203,13 @@ def empty(like, shape, code: int):
     return np.empty(shape, dtype=_NUMPY_ALLOC[code])
 
 
+def _options_changed():
+    # The extension keeps its own copy of the execution options.
+    calls = sys.modules.get(__package__ + "._calls")
+    if calls is not None:
+        calls.options_changed()
+
+
 # The softmax pool's arithmetic for every call (include/kpool/kpool.h,
 # kpool_arithmetic): "default" (the reference's on CUDA tensors, the
 # contract's on the CPU), "exact" (the contract) or "triton" (the reference's
@@ -221,6 +224,7 @@ def set_arithmetic(name: str) -> str:
     if name not in _lib.ARITHMETICS:
         raise ValueError(f"arithmetic must be one of {sorted(_lib.ARITHMETICS)}, not {name!r}")
     previous, _arithmetic[0] = _arithmetic[0], name
+    _options_changed()
     return previous
 
 
@@ -251,7 +255,16 @@ def set_index_errors(words):
             raise KpoolTypeError(f"index_errors must be a contiguous torch int32 CUDA tensor of "
                                  f"{len(_lib.INDEX_ARGS)} elements ({', '.join(_lib.INDEX_ARGS)})")
     previous, _index_errors[0] = _index_errors[0], words
+    _options_changed()
     return previous
+
+
+def execution_options():
+    """(arithmetic code, device of the index-error words or -1, their address or 0)."""
+    words = _index_errors[0]
+    if words is None:
+        return _lib.ARITHMETICS[_arithmetic[0]], -1, 0
+    return _lib.ARITHMETICS[_arithmetic[0]], words.device.index, words.data_ptr()
 
 
 def check_index_errors() -> None:

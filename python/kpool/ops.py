@@ -5,6 +5,9 @@ Each function allocates its outputs the way the reference does (``torch.empty``
 on the input's device, or ``np.empty`` for numpy inputs), builds descriptors
 of the caller's memory and calls the C entry point, which validates every
 argument before anything is written. Caches are updated in place.
+
+torch tensors go through ``_torch_ops`` (the ``torch.ops.kpool`` operators,
+which torch.compile traces); numpy arrays through the ctypes calls here.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import ctypes
 
 from . import _lib
+from ._calls import ctypes_calls as _c
 from ._lib import (
     KPOOL_DTYPE_BFLOAT16,
     KPOOL_DTYPE_FLOAT8_E4M3FN,
@@ -26,7 +30,6 @@ from ._tensors import (
     INT32_MIN,
     INT64_MAX,
     INT64_MIN,
-    Call,
     as_int,
     cast,
     dtype_label,
@@ -37,6 +40,11 @@ from ._tensors import (
     new_status,
     require_ndim,
 )
+
+try:
+    from . import _torch_ops
+except (ImportError, OSError):  # no torch (or one that does not import): numpy arrays only
+    _torch_ops = None
 
 # The indexer head dimension: the Hadamard transform is the 128-point one.
 INDEX_HEAD_DIM = KPOOL_HEAD_DIM
@@ -59,11 +67,8 @@ def _converted(x, name, code, *, integer=True):
     return cast(x, code)
 
 
-def _run(fn_name, call, *args):
-    status = new_status()
-    code = getattr(_lib.load(), fn_name)(*args, call.exec(), status)
-    _lib.check(code, status)
-    return status
+def _torch(x) -> bool:
+    return _torch_ops is not None and isinstance(x, _torch_ops.Tensor)
 
 
 # --- 1. FWHT + fp8 quant ----------------------------------------------------------
@@ -74,12 +79,12 @@ def fwht128_quant_fp8(q):
     Returns ``(q_fp8 [rows, 128] float8_e4m3fn, q_scale [rows, 1] float32)``
     (numpy: uint8 codes and float32 scales).
     """
+    if _torch(q):
+        return _torch_ops.fwht128_quant_fp8(q)
     rows = require_ndim(q, "q", (2,), "[rows, 128]")[0]
     q_fp8 = empty(q, (rows, INDEX_HEAD_DIM), KPOOL_DTYPE_FLOAT8_E4M3FN)
     q_scale = empty(q, (rows, 1), KPOOL_DTYPE_FLOAT32)
-    c = Call()
-    _run("kpool_fwht128_quant_fp8", c, c.tensor(q, "q", inner=True), c.tensor(q_fp8, "q_fp8", output=True),
-         c.tensor(q_scale, "q_scale", output=True))
+    _c.fwht128_quant_fp8(q, q_fp8, q_scale)
     return q_fp8, q_scale
 
 
@@ -111,6 +116,9 @@ def kpool_compress_and_write_cache(
     Returns ``(compressed_k [n, 128] float8_e4m3fn, compressed_scale [n]
     float32)`` when ``return_compressed``, else None.
     """
+    if _torch(slot_k):
+        return _torch_ops.compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, pool_size, head_dim,
+                                                   write_mask, round_scale, return_compressed, write_cache)
     n = require_ndim(slot_k, "slot_k", (3,), "[n_pools, pool_size, 128]")[0]
     if slot_score is not None and is_float_dtype(slot_score) and kpool_dtype(slot_score, "slot_score") not in (
             KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32):
@@ -121,14 +129,9 @@ def kpool_compress_and_write_cache(
     if return_compressed:
         compressed_k = empty(slot_k, (n, INDEX_HEAD_DIM), KPOOL_DTYPE_FLOAT8_E4M3FN)
         compressed_scale = empty(slot_k, (n,), KPOOL_DTYPE_FLOAT32)
-    c = Call()
-    _run("kpool_compress_and_write_cache", c,
-         c.tensor(kv_cache if write_cache else None, "kv_cache", output=True),
-         c.tensor(slot_k, "slot_k", inner=True), c.tensor(slot_score, "slot_score", inner=True),
-         c.tensor(ape, "ape", inner=True), c.tensor(loc, "loc"), c.tensor(write_mask, "write_mask"),
-         c.tensor(compressed_k, "compressed_k", output=True),
-         c.tensor(compressed_scale, "compressed_scale", output=True),
-         pool_size, head_dim, int(bool(round_scale)), int(bool(write_cache)))
+    _c.compress_and_write_cache(kv_cache if write_cache else None, slot_k, slot_score, ape, loc, write_mask,
+                                compressed_k, compressed_scale, pool_size, head_dim, int(bool(round_scale)),
+                                int(bool(write_cache)))
     if return_compressed:
         return compressed_k, compressed_scale
     return None
@@ -144,10 +147,9 @@ def kpool_seed_tail_cache(tail_kv_cache, key, gate_score, tslot, kpool, head_dim
     ``[n, 128]``; tslot int32 or int64 ``[n]`` (``block * RING + pos % RING``,
     negative = padding). Returns None.
     """
-    c = Call()
-    _run("kpool_seed_tail_cache", c, c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
-         c.tensor(key, "key", inner=True), c.tensor(gate_score, "gate_score", inner=True),
-         c.tensor(tslot, "tslot"), _i32(kpool, "kpool"), _i32(head_dim, "head_dim"))
+    if _torch(key):
+        return _torch_ops.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, kpool, head_dim)
+    _c.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, _i32(kpool, "kpool"), _i32(head_dim, "head_dim"))
     return None
 
 
@@ -183,17 +185,14 @@ def kpool_decode_update_and_maybe_write_cache_batched(
     many such completions it skipped (as counted by the runtime); otherwise
     it returns None like the reference.
     """
-    c = Call()
-    status = _run("kpool_decode_update_and_maybe_write_cache_batched", c,
-                  c.tensor(kv_cache, "kv_cache", output=True),
-                  c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
-                  c.tensor(tail_slot_mapping, "tail_slot_mapping"), c.tensor(key, "key", inner=True),
-                  c.tensor(slot_score, "slot_score", inner=True), c.tensor(ape, "ape", inner=True),
-                  c.tensor(slot_mapping, "slot_mapping"), c.tensor(positions, "positions"),
-                  _i32(pool_size, "pool_size"), _i32(head_dim, "head_dim"), int(bool(round_scale)))
-    if return_skipped:
-        return int(status.skipped_completions)
-    return None
+    if _torch(key):
+        return _torch_ops.decode_update_and_maybe_write_cache_batched(
+            kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
+            head_dim, round_scale, return_skipped)
+    skipped = _c.decode_update_and_maybe_write_cache_batched(
+        kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
+        _i32(pool_size, "pool_size"), _i32(head_dim, "head_dim"), int(bool(round_scale)))
+    return skipped if return_skipped else None
 
 
 # --- 5. pool-level top-k helpers --------------------------------------------------------
@@ -228,16 +227,15 @@ def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table=N
     ``group_valid`` is false; optionally through ``page_table [rows, W]``
     (gather, index clamped to ``[0, W-1]``) or plus per-row ``topk_offsets``
     (``[rows]`` or ``[rows, 1]``), not both."""
+    if _torch(group_ids):
+        return _torch_ops.expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets)
     rows = require_ndim(group_ids, "group_ids", (2,), "[rows, topk / pool_size]")[0]
     topk = _i32(topk, "topk")
     pool_size = _i32(pool_size, "pool_size")
     group_ids = _index_ids(group_ids, "group_ids")
     page_table, topk_offsets = _token_map(page_table, topk_offsets)
     out = empty(group_ids, (rows, max(topk, 0)), KPOOL_DTYPE_INT32)
-    c = Call()
-    _run("kpool_expand_pools_to_tokens", c, c.tensor(group_ids, "group_ids", inner=True),
-         c.tensor(group_valid, "group_valid", inner=True), c.tensor(page_table, "page_table"),
-         c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), topk, pool_size)
+    _c.expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size)
     return out
 
 
@@ -251,6 +249,8 @@ def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table=
     With ``pool_size == 1`` there is no tail and ``topk_result`` itself is
     returned, as in the reference.
     """
+    if _torch(topk_result):
+        return _torch_ops.append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets)
     if kpool_dtype(topk_result, "topk_result") != KPOOL_DTYPE_INT32:
         raise KpoolTypeError(f"topk_result has dtype {dtype_label(topk_result)}, expected int32")
     require_ndim(seq_lens, "seq_lens", (1,), "[rows]")
@@ -263,10 +263,7 @@ def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table=
     pool_lens = _converted(pool_lens, "pool_lens", KPOOL_DTYPE_INT32)
     page_table, topk_offsets = _token_map(page_table, topk_offsets)
     out = empty(topk_result, (rows, max(cols + pool_size - 1, 0)), KPOOL_DTYPE_INT32)
-    c = Call()
-    _run("kpool_append_tail_to_topk", c, c.tensor(topk_result, "topk_result", inner=True),
-         c.tensor(seq_lens, "seq_lens"), c.tensor(pool_lens, "pool_lens"), c.tensor(page_table, "page_table"),
-         c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), pool_size)
+    _c.append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size)
     return out
 
 
@@ -279,15 +276,14 @@ def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids=F
     ``bound_pool_ids=True`` also treats ids ``>= seq_len // P`` as -1 (off by
     default, for parity with the reference, which trusts them).
     """
+    if _torch(pool_ids):
+        return _torch_ops.expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids)
     rows, groups = require_ndim(pool_ids, "pool_ids", (2,), "[rows, n_groups]")
     pool_size = _i32(pool_size, "pool_size")
     pool_ids = _index_ids(pool_ids, "pool_ids")
     seq_lens = _converted(seq_lens, "seq_lens", KPOOL_DTYPE_INT32)
     out = empty(pool_ids, (rows, max(groups * pool_size + pool_size - 1, 0)), KPOOL_DTYPE_INT32)
-    c = Call()
-    _run("kpool_expand_pools_and_append_tail", c, c.tensor(pool_ids, "pool_ids", inner=True),
-         c.tensor(seq_lens, "seq_lens"), c.tensor(out, "out", output=True), pool_size,
-         int(bool(bound_pool_ids)))
+    _c.expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, int(bool(bound_pool_ids)))
     return out
 
 

@@ -1,16 +1,19 @@
-"""Prints the side-by-side results (kpool.testing.RESULTS) after the run, and
+"""Puts python/ (the package) and bench/ (the workloads) on the path, prints
+the side-by-side results (side_by_side_results.RESULTS) after the run, and
 writes them to $OUT/kpool_side_by_side.json when OUT is set."""
 
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "bench")))
+sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
 
 
 def pytest_terminal_summary(terminalreporter):
-    kt = sys.modules.get("kpool.testing")
-    results = getattr(kt, "RESULTS", None) if kt else None
+    recorded = sys.modules.get("side_by_side_results")
+    results = getattr(recorded, "RESULTS", None) if recorded else None
     if not results:
         return
     tr = terminalreporter

@@ -657,7 +657,7 @@ def test_bench_help_and_helpers_without_torch():
 
     a = bench_gpu.parse_args(["--quick", "--only", "fwht,decode"])
     assert a.quick and a.only == "fwht,decode"
-    from kpool import testing as kt
+    import workloads as kt
 
     assert kt.sweep(kt.FWHT_ROWS, True) == (4096, 65536)
     assert kt.fwht_bytes(4096) == 4096 * (256 + 128 + 4)

@@ -2,7 +2,7 @@
 
 Skipped unless torch sees a CUDA device and the reference module
 (``kpool_triton.py``: $KPOOL_REFERENCE_DIR, else ../shared/reference next to
-the repo, else /work/shared/reference) imports. Covers every op over the
+the repo) imports. Covers every op over the
 benchmark's sweep (pool sizes 4 and 16, the 75% write mask, sentinels, padded
 / strided tails, edge rows), a CUDA-graph capture of every op replayed on new
 inputs (each replay equal to an eager run), and an engine-like loop (prefill, then 200 decode steps of next_n=2
@@ -26,7 +26,7 @@ correctly rounded exp and IEEE division) differs from that on about 0.1-0.2%
 of pools on random data; ``kpool.set_arithmetic("triton")`` runs the same
 instructions as the reference, and that is what the op tests compare, bit for
 bit, with nothing tolerated. ``test_compress_arithmetic_model`` checks both
-arithmetics against torch models of them (kpool._refmodel): the reference
+arithmetics against torch models of them (refmodel.py): the reference
 equals the model of its instructions, kpool's exact arithmetic equals the
 SPEC's model, and kpool's triton arithmetic equals the reference.
 
@@ -46,6 +46,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "bench")))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -53,7 +54,8 @@ if not torch.cuda.is_available():
     pytest.skip("torch sees no CUDA device", allow_module_level=True)
 
 import kpool  # noqa: E402
-from kpool import testing as kt  # noqa: E402
+import workloads as kt  # noqa: E402
+from side_by_side_results import record  # noqa: E402
 
 try:
     REF = kt.import_reference()
@@ -98,7 +100,7 @@ def _check(test, case, pairs, note=""):
             if a.dtype == torch.float8_e4m3fn:
                 extra = f", max e4m3 code distance {kt.e4m3_code_distance(a, b)}"
             problems.append(f"{name}: {n} bytes differ{extra}")
-    kt.record(test, case, not problems, compared, differing, note=note or "; ".join(problems))
+    record(test, case, not problems, compared, differing, note=note or "; ".join(problems))
     assert not problems, f"{case}: " + "; ".join(problems)
 
 
@@ -137,7 +139,7 @@ def _check_cache(test, case, ours, ref, round_scale=True, excused_slots=(), befo
         note = (note + "; " if note else "") + f"{len(boundary)} ue8m0 boundary slots (scale 2x): {boundary[:8]}"
     if excused:
         note = (note + "; " if note else "") + f"{len(excused_slots)} tail-less completions excused"
-    kt.record(test, case, not problems, kt.raw_bytes(ref).numel(), n, excused, note)
+    record(test, case, not problems, kt.raw_bytes(ref).numel(), n, excused, note)
     assert not problems, f"{case}: " + "; ".join(problems)
 
 
@@ -163,7 +165,7 @@ def test_fwht(p):
         so, sr = os_.reshape(-1)[rows_bad], rs.reshape(-1)[rows_bad]
         boundary = (so == 2 * sr) | (sr == 2 * so)
         if bool(boundary.all()):
-            kt.record("fwht", _ids(p), True, kt.raw_bytes(r8).numel(), int(rows_bad.sum()),
+            record("fwht", _ids(p), True, kt.raw_bytes(r8).numel(), int(rows_bad.sum()),
                       note=f"{int(rows_bad.sum())} ue8m0 boundary rows (scale 2x)")
             return
     _check("fwht", _ids(p), [("q_fp8", o8, r8), ("q_scale", os_, rs)])
@@ -301,7 +303,7 @@ def test_compress_arithmetic_model(p):
     must reproduce the reference bit for bit, and kpool must equal the model
     of each arithmetic: exact = the SPEC's model (correctly rounded exp,
     IEEE division, separate multiply and add), triton = the reference."""
-    from kpool import _refmodel
+    import refmodel
 
     gen = kt.Gen(700 + p["n"] + p["P"], DEV)
     x = kt.compress_inputs(gen, p["n"], p["P"])
@@ -322,7 +324,7 @@ def test_compress_arithmetic_model(p):
     def rows(codes, scales, codes2, scales2):
         return int(((codes != codes2).any(1) | (scales.view(torch.int32) != scales2.view(torch.int32))).sum())
 
-    models = {f: _refmodel.compress_rows(x["slot_k"], ss, x["ape"], rs, f) for f in ("spec", "triton")}
+    models = {f: refmodel.compress_rows(x["slot_k"], ss, x["ape"], rs, f) for f in ("spec", "triton")}
     _sync()
     model_vs_ref = rows(*models["triton"], rk, rsc)
     exact_vs_ref = rows(*ours["exact"], rk, rsc)
@@ -332,7 +334,7 @@ def test_compress_arithmetic_model(p):
             f"{exact_vs_spec}, vs reference {exact_vs_ref}; kpool triton vs reference "
             + (str(triton_vs_ref) if "triton" in ours else "(not on the CPU)"))
     good = model_vs_ref == 0 and exact_vs_spec == 0 and triton_vs_ref == 0
-    kt.record("arith_model", _ids(p), good, rk.numel(), 0, note=note)
+    record("arith_model", _ids(p), good, rk.numel(), 0, note=note)
     assert good, note
 
 

@@ -1,8 +1,9 @@
-"""Helpers shared by the GPU side-by-side test and bench/bench_gpu.py: the
-reference module's location, the benchmark sweep, engine-shaped torch inputs,
-the byte counts of each case and bit-level comparison.
+"""The workloads of bench/bench_gpu.py and the GPU side-by-side test
+(python/tests): the reference module's location, the benchmark sweep,
+engine-shaped torch inputs, the byte counts of each case and bit-level
+comparison.
 
-Not imported by ``import kpool``; torch is imported only inside functions.
+Not part of the kpool package; torch is imported only inside functions.
 The sweep sizes, input distributions and byte formulas are those of
 shared/anchors/bench_triton.py, so our numbers line up with the reference's
 published ones.
@@ -28,7 +29,7 @@ DEC_REQS, DEC_NEXT = (1, 64, 512), (1, 2, 4)
 EXP_ROWS, TOPK = (1, 64, 4096), 2048
 
 _here = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.normpath(os.path.join(_here, "..", ".."))
+REPO = os.path.normpath(os.path.join(_here, ".."))
 REFERENCE_ENV = "KPOOL_REFERENCE_DIR"
 
 
@@ -41,8 +42,7 @@ def reference_dirs() -> list[str]:
     env = os.environ.get(REFERENCE_ENV)
     if env:
         return [env]
-    return [os.path.join(REPO, "..", "shared", "reference"), "/work/shared/reference",
-            os.path.join(REPO, "shared", "reference")]
+    return [os.path.join(REPO, "..", "shared", "reference"), os.path.join(REPO, "shared", "reference")]
 
 
 def import_reference():
@@ -394,15 +394,6 @@ class OnHost:
         if isinstance(x, tuple):
             return tuple(cls._to_device(v, device) for v in x)
         return x
-
-
-# --- results of a side-by-side run (printed by python/tests/conftest.py) ------------------------
-RESULTS: list = []
-
-
-def record(test: str, case: str, ok: bool, compared: int, differing: int, excused: int = 0, note: str = ""):
-    RESULTS.append(dict(test=test, case=case, ok=ok, bytes_compared=compared, bytes_differing=differing,
-                        bytes_excused=excused, note=note))
 
 
 def cache_slot_of_byte(kv, flat_offsets):

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Host time per call of every op from Python, kpool against the reference.
+
+    PYTHONPATH=python KPOOL_LIBRARY=build/libkpool.so python3 bench/host_overhead.py [--device cuda|cpu]
+
+Each op runs on small engine-shaped torch tensors (a decode step's sizes:
+the kernels take a few µs, so the GPU keeps up and the loop measures the
+CPU side; with --device cpu one row each, and the CPU kernels' time is
+included), ``--calls`` back-to-back calls per sample, ``--samples``
+samples; the median sample's µs per call is printed for:
+
+  ours        the drop-in function (kpool.fwht128_quant_fp8, ...): eager,
+              through the _torch_calls extension when it is built
+  torch.ops   the custom operator called through PyTorch's dispatcher
+              (torch.ops.kpool.*), what compiled code calls outside CUDA graphs
+  ctypes      the drop-in function with the extension switched off (the
+              package's fallback)
+  reference   the Triton reference's function (its launch), CUDA only
+
+The reference module is found like bench_gpu.py finds it
+($KPOOL_REFERENCE_DIR, else ../shared/reference next to the repo). The
+target is ours <= 10 µs for every op. JSON goes to --out, else
+$OUT/kpool_host_overhead.json when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+
+TARGET_US = 10.0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when torch sees one")
+    p.add_argument("--calls", type=int, default=200, help="back-to-back calls per sample (default 200)")
+    p.add_argument("--samples", type=int, default=25, help="samples per op and path (default 25)")
+    p.add_argument("--out", help="JSON results path (default $OUT/kpool_host_overhead.json when OUT is set)")
+    return p.parse_args(argv)
+
+
+def op_calls(kt, gen, torch, rows):
+    """(name, call(lib)) per op: the drop-in functions on ``rows`` rows,
+    pools, requests (a decode step's sizes on CUDA; one on the CPU, where
+    the kernels run inside the call)."""
+    P = 4
+    fw = kt.fwht_inputs(gen, rows)
+    c = kt.compress_inputs(gen, rows, P)
+    s = kt.seed_inputs(gen, 16 * rows, P, requests=max(rows // 2, 1))
+    d = kt.decode_inputs(gen, rows, 2, P)
+    e = kt.expand_inputs(gen, rows, P, table_width=4096)
+    expanded = torch.zeros((rows, kt.TOPK), dtype=torch.int32, device=gen.device)
+    return [
+        ("fwht128_quant_fp8", lambda lib: lib.fwht128_quant_fp8(fw["q"])),
+        ("kpool_compress_and_write_cache",
+         lambda lib: lib.kpool_compress_and_write_cache(c["kv_cache"], c["slot_k"], c["slot_score"], c["ape"],
+                                                        c["loc"], P)),
+        ("kpool_seed_tail_cache",
+         lambda lib: lib.kpool_seed_tail_cache(s["tail_kv_cache"], s["key"], s["gate_score"], s["tslot"], P)),
+        ("kpool_decode_update_and_maybe_write_cache_batched",
+         lambda lib: lib.kpool_decode_update_and_maybe_write_cache_batched(
+             d["kv_cache"], d["tail_kv_cache"], d["tail_slot_mapping"], d["key"], d["slot_score"], d["ape"],
+             d["slot_mapping"], d["positions"], P)),
+        ("expand_pools_and_append_tail", lambda lib: lib.expand_pools_and_append_tail(e["pool_ids"], e["seq_lens"], P)),
+        ("expand_pools_to_tokens",
+         lambda lib: lib.expand_pools_to_tokens(e["pool_ids"], e["group_valid"], kt.TOPK, P)),
+        ("append_tail_to_topk", lambda lib: lib.append_tail_to_topk(expanded, e["seq_lens"], e["pool_lens"], P)),
+    ]
+
+
+class Dispatcher:
+    """The drop-in functions' names, called through torch.ops.kpool (the
+    dispatcher) with the arguments the drop-ins pass."""
+
+    def __init__(self, torch):
+        self.ops = torch.ops.kpool
+
+    def fwht128_quant_fp8(self, q):
+        return self.ops.fwht128_quant_fp8(q)
+
+    def kpool_compress_and_write_cache(self, kv, sk, ss, ape, loc, P):
+        return self.ops.compress_and_write_cache(kv, sk, ss, ape, loc, None, P, 128, True, True)
+
+    def kpool_seed_tail_cache(self, tail, key, gate, tslot, P):
+        return self.ops.seed_tail_cache(tail, key, gate, tslot, P, 128)
+
+    def kpool_decode_update_and_maybe_write_cache_batched(self, kv, tail, tsm, key, score, ape, sm, pos, P):
+        return self.ops.decode_update_and_maybe_write_cache_batched(kv, tail, tsm, key, score, ape, sm, pos, P, 128,
+                                                                    True)
+
+    def expand_pools_and_append_tail(self, ids, seq, P):
+        return self.ops.expand_pools_and_append_tail(ids, seq, P, False)
+
+    def expand_pools_to_tokens(self, ids, valid, topk, P):
+        return self.ops.expand_pools_to_tokens(ids, valid, None, None, topk, P)
+
+    def append_tail_to_topk(self, result, seq, plens, P):
+        return self.ops.append_tail_to_topk(result, seq, plens, None, None, P)
+
+
+def host_us(torch, fn, calls, samples, cuda):
+    """Median over samples of the host µs per call of ``calls`` back-to-back calls."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(3):
+        fn()
+    sync()
+    per_call = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls * 1e6)
+        sync()
+    return statistics.median(per_call)
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("host_overhead.py: needs torch", file=sys.stderr)
+        return 2
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device == "cuda"
+
+    import workloads as kt
+
+    import kpool
+    from kpool import _calls
+
+    ref, why_no_ref = None, None
+    if cuda:
+        try:
+            ref = kt.import_reference()
+        except ImportError as e:
+            why_no_ref = str(e)
+        kpool.cuda_warm_up(torch.cuda.current_device())
+    else:
+        why_no_ref = "the reference runs on CUDA only"
+    extension = _calls.torch_calls()
+    has_extension = extension is not _calls.ctypes_calls
+    gen = kt.Gen(5, device)
+    calls = op_calls(kt, gen, torch, 16 if cuda else 1)
+    paths = [("ours", kpool), ("torch.ops", Dispatcher(torch)), ("ctypes", kpool)]
+    if ref is not None:
+        paths.append(("reference", ref))
+
+    print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}, {kpool.version()}")
+    print(f"extension: {_calls.extension_path() if has_extension else 'not built (ours = ctypes)'}")
+    if why_no_ref:
+        print(f"reference: n/a ({why_no_ref})")
+    print(f"host µs per call, median of {a.samples} samples of {a.calls} back-to-back calls")
+    names = [p for p, _ in paths]
+    print(f"{'op':<52}" + "".join(f"{n:>11}" for n in names) + "   ours <= 10 µs")
+    rows = []
+    for op, call in calls:
+        row = dict(op=op)
+        for path, lib in paths:
+            if path == "ctypes":
+                _calls._torch_calls = _calls.ctypes_calls
+            try:
+                row[path] = host_us(torch, lambda lib=lib: call(lib), a.calls, a.samples, cuda)
+            finally:
+                _calls._torch_calls = extension
+        row["within_target"] = row["ours"] <= TARGET_US
+        rows.append(row)
+        verdict = "yes" if row["within_target"] else "NO"
+        print(f"{op:<52}" + "".join(f"{row[n]:>11.2f}" for n in names) + f"   {verdict}")
+    out = a.out or (os.path.join(os.environ["OUT"], "kpool_host_overhead.json") if os.environ.get("OUT") else None)
+    if out:
+        with open(out, "w") as f:
+            json.dump(dict(device=device, torch=torch.__version__, kpool=kpool.version(), extension=has_extension,
+                           calls=a.calls, samples=a.samples, target_us=TARGET_US, rows=rows), f, indent=1)
+        print(f"wrote {out}")
+    return 0 if all(r["within_target"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The library's entry points as Python functions: arrays (or None) then int
+parameters, in the order of the C API; they raise on a failed status, and
+decode returns its skipped completions.
+
+Two implementations with the same functions:
+
+- ``ctypes_calls``: descriptors built in Python (``_tensors.Call``), for
+  torch tensors and numpy arrays alike; always there.
+- ``torch_calls()``: the ``_torch_calls`` extension (python/src/torch_calls.c,
+  built by CMake next to libkpool.so as ``_torch_calls.abi3.so``), for torch
+  tensors only: it reads the tensors and calls the entry points in C, a few
+  µs less per call. Looked for next to the loaded libkpool.so; when it is
+  absent (or ``$KPOOL_TORCH_CALLS=ctypes``) the ctypes functions stand in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import importlib.util
+import os
+import threading
+import types
+
+from . import _lib
+from ._tensors import Call
+
+# The extension's functions, each with its kpool.h entry point: the order of
+# the addresses bind() takes.
+ENTRY_POINTS = (
+    ("fwht128_quant_fp8", "kpool_fwht128_quant_fp8"),
+    ("compress_and_write_cache", "kpool_compress_and_write_cache"),
+    ("seed_tail_cache", "kpool_seed_tail_cache"),
+    ("decode_update_and_maybe_write_cache_batched", "kpool_decode_update_and_maybe_write_cache_batched"),
+    ("expand_pools_and_append_tail", "kpool_expand_pools_and_append_tail"),
+    ("expand_pools_to_tokens", "kpool_expand_pools_to_tokens"),
+    ("append_tail_to_topk", "kpool_append_tail_to_topk"),
+)
+EXTENSION_NAME = "_torch_calls.abi3.so"
+EXTENSION_ENV = "KPOOL_TORCH_CALLS"  # "ctypes": don't load the extension
+
+
+def _run(entry, c, *args):
+    for v in args:  # ctypes would truncate an int32 parameter silently
+        if isinstance(v, int) and not _lib.INT32_MIN <= v <= _lib.INT32_MAX:
+            raise _lib.KpoolValueError(f"{entry}: parameter {v} is out of range [{_lib.INT32_MIN}, {_lib.INT32_MAX}]")
+    status = _lib.KpoolStatus()
+    code = getattr(_lib.load(), entry)(*args, c.exec(), ctypes.byref(status))
+    _lib.check(code, status)
+    return int(status.skipped_completions)
+
+
+def _fwht128_quant_fp8(q, q_fp8, q_scale):
+    c = Call()
+    return _run("kpool_fwht128_quant_fp8", c, c.tensor(q, "q", inner=True), c.tensor(q_fp8, "q_fp8", output=True),
+                c.tensor(q_scale, "q_scale", output=True))
+
+
+def _compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, write_mask, compressed_k, compressed_scale,
+                              pool_size, head_dim, round_scale, write_cache):
+    c = Call()
+    return _run("kpool_compress_and_write_cache", c, c.tensor(kv_cache, "kv_cache", output=True),
+                c.tensor(slot_k, "slot_k", inner=True), c.tensor(slot_score, "slot_score", inner=True),
+                c.tensor(ape, "ape", inner=True), c.tensor(loc, "loc"), c.tensor(write_mask, "write_mask"),
+                c.tensor(compressed_k, "compressed_k", output=True),
+                c.tensor(compressed_scale, "compressed_scale", output=True),
+                pool_size, head_dim, round_scale, write_cache)
+
+
+def _seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
+    c = Call()
+    return _run("kpool_seed_tail_cache", c, c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
+                c.tensor(key, "key", inner=True), c.tensor(gate_score, "gate_score", inner=True),
+                c.tensor(tslot, "tslot"), pool_size, head_dim)
+
+
+def _decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
+                                                 slot_mapping, positions, pool_size, head_dim, round_scale):
+    c = Call()
+    return _run("kpool_decode_update_and_maybe_write_cache_batched", c, c.tensor(kv_cache, "kv_cache", output=True),
+                c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
+                c.tensor(tail_slot_mapping, "tail_slot_mapping"), c.tensor(key, "key", inner=True),
+                c.tensor(slot_score, "slot_score", inner=True), c.tensor(ape, "ape", inner=True),
+                c.tensor(slot_mapping, "slot_mapping"), c.tensor(positions, "positions"),
+                pool_size, head_dim, round_scale)
+
+
+def _expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids):
+    c = Call()
+    return _run("kpool_expand_pools_and_append_tail", c, c.tensor(pool_ids, "pool_ids", inner=True),
+                c.tensor(seq_lens, "seq_lens"), c.tensor(out, "out", output=True), pool_size, bound_pool_ids)
+
+
+def _expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size):
+    c = Call()
+    return _run("kpool_expand_pools_to_tokens", c, c.tensor(group_ids, "group_ids", inner=True),
+                c.tensor(group_valid, "group_valid", inner=True), c.tensor(page_table, "page_table"),
+                c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), topk, pool_size)
+
+
+def _append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size):
+    c = Call()
+    return _run("kpool_append_tail_to_topk", c, c.tensor(topk_result, "topk_result", inner=True),
+                c.tensor(seq_lens, "seq_lens"), c.tensor(pool_lens, "pool_lens"), c.tensor(page_table, "page_table"),
+                c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), pool_size)
+
+
+ctypes_calls = types.SimpleNamespace(**{name: globals()["_" + name] for name, _ in ENTRY_POINTS})
+
+_lock = threading.Lock()
+_torch_calls = None
+
+
+def torch_calls():
+    """The functions torch tensors are run with: the extension, bound to the
+    loaded library, else ``ctypes_calls``. Decided once, on first use."""
+    global _torch_calls
+    if _torch_calls is None:
+        with _lock:
+            if _torch_calls is None:
+                _torch_calls = _load_extension() or ctypes_calls
+    return _torch_calls
+
+
+def extension_path():
+    """Where the extension is looked for: next to the loaded libkpool.so."""
+    return os.path.join(os.path.dirname(os.path.abspath(_lib.library_path())), EXTENSION_NAME)
+
+
+def _load_extension():
+    if os.environ.get(EXTENSION_ENV) == "ctypes":
+        return None
+    path = extension_path()
+    if not os.path.isfile(path):
+        return None
+    loader = importlib.machinery.ExtensionFileLoader("kpool._torch_calls", path)
+    spec = importlib.util.spec_from_file_location("kpool._torch_calls", path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    import torch
+
+    from ._tensors import _current_stream, torch_dtype_of_code
+
+    lib = _lib.load()
+    addresses = tuple(ctypes.cast(getattr(lib, entry), ctypes.c_void_p).value for _, entry in ENTRY_POINTS)
+    dtypes = tuple(torch_dtype_of_code(torch, code) for code in range(_lib.KPOOL_DTYPES))
+    module.bind(addresses, dtypes, _current_stream, _lib.error_for, _lib.KpoolTypeError, _lib.KpoolValueError,
+                _lib.KpoolRuntimeError)
+    _configure(module)
+    return module
+
+
+def _configure(module):
+    from ._tensors import execution_options
+
+    module.configure(*execution_options())
+
+
+def options_changed():
+    """kpool.set_arithmetic / set_index_errors changed: tell the extension."""
+    if _torch_calls is not None and _torch_calls is not ctypes_calls:
+        _configure(_torch_calls)

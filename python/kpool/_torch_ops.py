@@ -1,0 +1,275 @@
+"""kpool's ops as PyTorch custom operators (``torch.ops.kpool.*``), and the
+torch side of the drop-in functions.
+
+Every op is defined with ``torch.library`` in the namespace ``kpool``: a
+schema that marks the caches and tail rings it writes (``Tensor(a!)``), one
+kernel for CPU and CUDA tensors (kpool picks the device from the tensors)
+and a fake implementation that gives the outputs' shapes, dtypes and
+devices, so ``torch.compile(fullgraph=True)`` traces them and CUDA graphs
+capture them. The drop-in functions (``kpool.fwht128_quant_fp8``, ...) call
+the ops whenever something traces them (Dynamo, a dispatch mode, a tensor
+subclass such as a fake tensor); on plain tensors in eager mode they run
+the op's kernel directly, skipping the dispatcher's few µs, with the same
+bytes.
+
+Imported by ``kpool`` when torch imports; kpool without torch never loads it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+if not hasattr(torch.library, "register_fake"):  # ops.py then takes torch tensors through ctypes only
+    raise ImportError(f"kpool's torch operators need torch >= 2.4 (this is {torch.__version__})")
+
+from . import _calls
+from ._lib import KPOOL_HEAD_DIM, KpoolTypeError, KpoolValueError
+
+D = KPOOL_HEAD_DIM
+E4M3 = torch.float8_e4m3fn
+F32, I32, I64, BF16 = torch.float32, torch.int32, torch.int64, torch.bfloat16
+Tensor = torch.Tensor
+
+_library = torch.library.Library("kpool", "DEF")  # noqa: TOR901 (kept for the life of the process)
+
+SCHEMAS = {
+    "fwht128_quant_fp8": "(Tensor q) -> (Tensor q_fp8, Tensor q_scale)",
+    "compress_and_write_cache":
+        "(Tensor(a!)? kv_cache, Tensor slot_k, Tensor slot_score, Tensor ape, Tensor loc, Tensor? write_mask, "
+        "int pool_size, int head_dim, bool round_scale, bool write_cache) -> ()",
+    # The same call with return_compressed: the rows as well (and the cache
+    # written when write_cache).
+    "compress_to_rows":
+        "(Tensor(a!)? kv_cache, Tensor slot_k, Tensor slot_score, Tensor ape, Tensor loc, Tensor? write_mask, "
+        "int pool_size, int head_dim, bool round_scale, bool write_cache) "
+        "-> (Tensor compressed_k, Tensor compressed_scale)",
+    "seed_tail_cache":
+        "(Tensor(a!) tail_kv_cache, Tensor key, Tensor gate_score, Tensor tslot, int pool_size, int head_dim) -> ()",
+    "decode_update_and_maybe_write_cache_batched":
+        "(Tensor(a!) kv_cache, Tensor(b!) tail_kv_cache, Tensor tail_slot_mapping, Tensor key, Tensor slot_score, "
+        "Tensor ape, Tensor slot_mapping, Tensor positions, int pool_size, int head_dim, bool round_scale) -> ()",
+    "expand_pools_and_append_tail": "(Tensor pool_ids, Tensor seq_lens, int pool_size, bool bound_pool_ids) -> Tensor",
+    "expand_pools_to_tokens":
+        "(Tensor group_ids, Tensor group_valid, Tensor? page_table, Tensor? topk_offsets, int topk, int pool_size) "
+        "-> Tensor",
+    "append_tail_to_topk":
+        "(Tensor topk_result, Tensor seq_lens, Tensor pool_lens, Tensor? page_table, Tensor? topk_offsets, "
+        "int pool_size) -> Tensor",
+}
+
+
+def _rows(x, name, ndim, what):
+    if x.dim() != ndim:
+        raise KpoolValueError(f"{name} has shape {list(x.shape)} ({x.dim()} dims), expected {what}")
+    return x.shape[0]
+
+
+def _empty(like, shape, dtype):
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+# --- outputs: shapes, dtypes and devices, shared by the kernels and the fakes ----
+def _fwht_outputs(q):
+    rows = _rows(q, "q", 2, "[rows, 128]")
+    return _empty(q, (rows, D), E4M3), _empty(q, (rows, 1), F32)
+
+
+def _compressed_rows(slot_k):
+    n = _rows(slot_k, "slot_k", 3, "[n_pools, pool_size, 128]")
+    return _empty(slot_k, (n, D), E4M3), _empty(slot_k, (n,), F32)
+
+
+def _expand_and_append_out(pool_ids, pool_size):
+    rows = _rows(pool_ids, "pool_ids", 2, "[rows, n_groups]")
+    return _empty(pool_ids, (rows, max(pool_ids.shape[1] * pool_size + pool_size - 1, 0)), I32)
+
+
+def _expand_to_tokens_out(group_ids, topk):
+    rows = _rows(group_ids, "group_ids", 2, "[rows, topk / pool_size]")
+    return _empty(group_ids, (rows, max(topk, 0)), I32)
+
+
+def _append_tail_out(topk_result, pool_size):
+    rows = _rows(topk_result, "topk_result", 2, "[rows, cols]")
+    return _empty(topk_result, (rows, max(topk_result.shape[1] + pool_size - 1, 0)), I32)
+
+
+# --- kernels: outputs allocated, then the C call -----------------------------------
+def _fwht_kernel(q):
+    q_fp8, q_scale = _fwht_outputs(q)
+    _calls.torch_calls().fwht128_quant_fp8(q, q_fp8, q_scale)
+    return q_fp8, q_scale
+
+
+def _compress_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim, round_scale,
+                     write_cache):
+    _calls.torch_calls().compress_and_write_cache(kv_cache if write_cache else None, slot_k, slot_score, ape, loc,
+                                                  write_mask, None, None, pool_size, head_dim, round_scale,
+                                                  write_cache)
+
+
+def _compress_to_rows_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim, round_scale,
+                             write_cache):
+    compressed_k, compressed_scale = _compressed_rows(slot_k)
+    _calls.torch_calls().compress_and_write_cache(kv_cache if write_cache else None, slot_k, slot_score, ape, loc,
+                                                  write_mask, compressed_k, compressed_scale, pool_size, head_dim,
+                                                  round_scale, write_cache)
+    return compressed_k, compressed_scale
+
+
+def _seed_kernel(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
+    _calls.torch_calls().seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)
+
+
+def _decode_kernel(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
+                   pool_size, head_dim, round_scale):
+    """Returns the skipped completions (the op itself returns nothing)."""
+    return _calls.torch_calls().decode_update_and_maybe_write_cache_batched(
+        kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
+        head_dim, round_scale)
+
+
+def _decode_op_kernel(*args):
+    _decode_kernel(*args)
+
+
+def _expand_and_append_kernel(pool_ids, seq_lens, pool_size, bound_pool_ids):
+    out = _expand_and_append_out(pool_ids, pool_size)
+    _calls.torch_calls().expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids)
+    return out
+
+
+def _expand_to_tokens_kernel(group_ids, group_valid, page_table, topk_offsets, topk, pool_size):
+    out = _expand_to_tokens_out(group_ids, topk)
+    _calls.torch_calls().expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk,
+                                                pool_size)
+    return out
+
+
+def _append_tail_kernel(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size):
+    out = _append_tail_out(topk_result, pool_size)
+    _calls.torch_calls().append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out,
+                                             pool_size)
+    return out
+
+
+def _nothing(*args):
+    return None
+
+
+# name: (kernel, fake)
+_OPS = {
+    "fwht128_quant_fp8": (_fwht_kernel, _fwht_outputs),
+    "compress_and_write_cache": (_compress_kernel, _nothing),
+    "compress_to_rows": (_compress_to_rows_kernel, lambda kv, slot_k, *rest: _compressed_rows(slot_k)),
+    "seed_tail_cache": (_seed_kernel, _nothing),
+    "decode_update_and_maybe_write_cache_batched": (_decode_op_kernel, _nothing),
+    "expand_pools_and_append_tail": (_expand_and_append_kernel,
+                                     lambda pool_ids, seq_lens, P, bound: _expand_and_append_out(pool_ids, P)),
+    "expand_pools_to_tokens": (_expand_to_tokens_kernel,
+                               lambda ids, valid, table, offsets, topk, P: _expand_to_tokens_out(ids, topk)),
+    "append_tail_to_topk": (_append_tail_kernel,
+                            lambda result, seq, plens, table, offsets, P: _append_tail_out(result, P)),
+}
+
+for _name, (_kernel, _fake) in _OPS.items():
+    _library.define(_name + SCHEMAS[_name])
+    _library.impl(_name, _kernel, "CPU")
+    _library.impl(_name, _kernel, "CUDA")
+    torch.library.register_fake("kpool::" + _name, _fake, lib=_library)
+
+ops = torch.ops.kpool
+
+
+# --- the drop-in functions' torch side ------------------------------------------------
+def _eager(t) -> bool:
+    """Run the kernel directly: nothing is tracing this call (Dynamo, a
+    dispatch mode such as fake tensors or make_fx) and t is a plain tensor."""
+    return not torch.compiler.is_compiling() and type(t) is Tensor and not torch._C._len_torch_dispatch_stack()
+
+
+def _integer(x, name, dtype):
+    """x, or x converted where the reference converts it too (``.to(dtype)``)."""
+    if x is None or x.dtype == dtype:
+        return x
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise KpoolTypeError(f"{name} has dtype {str(x.dtype).replace('torch.', '')}, expected an integer dtype")
+    return x.to(dtype)
+
+
+def _index_ids(ids, name):
+    return ids if ids.dtype in (I32, I64) else _integer(ids, name, I64)
+
+
+def fwht128_quant_fp8(q):
+    if _eager(q):
+        return _fwht_kernel(q)
+    return ops.fwht128_quant_fp8(q)
+
+
+def compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, pool_size, head_dim, write_mask, round_scale,
+                             return_compressed, write_cache):
+    if slot_score.dtype.is_floating_point and slot_score.dtype not in (BF16, F32):
+        slot_score = slot_score.to(F32)  # what the reference's loads do
+    args = (kv_cache if write_cache else None, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim,
+            bool(round_scale), bool(write_cache))
+    if return_compressed:
+        if _eager(slot_k):
+            return _compress_to_rows_kernel(*args)
+        return ops.compress_to_rows(*args)
+    if _eager(slot_k):
+        _compress_kernel(*args)
+    else:
+        ops.compress_and_write_cache(*args)
+    return None
+
+
+def seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
+    if _eager(key):
+        _seed_kernel(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)
+    else:
+        ops.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)
+
+
+def decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
+                                                slot_mapping, positions, pool_size, head_dim, round_scale,
+                                                return_skipped):
+    args = (kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
+            head_dim, bool(round_scale))
+    if _eager(key):
+        skipped = _decode_kernel(*args)
+        return skipped if return_skipped else None
+    if return_skipped:
+        raise KpoolValueError("return_skipped=True is for eager calls: the count is a host value, which a traced "
+                              "graph cannot return")
+    ops.decode_update_and_maybe_write_cache_batched(*args)
+    return None
+
+
+def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets):
+    args = (_index_ids(group_ids, "group_ids"), group_valid, _integer(page_table, "page_table", I32),
+            _integer(topk_offsets, "topk_offsets", I64), topk, pool_size)
+    if _eager(group_ids):
+        return _expand_to_tokens_kernel(*args)
+    return ops.expand_pools_to_tokens(*args)
+
+
+def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets):
+    if topk_result.dtype != I32:
+        raise KpoolTypeError(f"topk_result has dtype {str(topk_result.dtype).replace('torch.', '')}, expected int32")
+    _rows(seq_lens, "seq_lens", 1, "[rows]")
+    _rows(pool_lens, "pool_lens", 1, "[rows]")
+    if pool_size == 1:
+        return topk_result  # no tail; the reference returns its input too
+    args = (topk_result, _integer(seq_lens, "seq_lens", I32), _integer(pool_lens, "pool_lens", I32),
+            _integer(page_table, "page_table", I32), _integer(topk_offsets, "topk_offsets", I64), pool_size)
+    if _eager(topk_result):
+        return _append_tail_kernel(*args)
+    return ops.append_tail_to_topk(*args)
+
+
+def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids):
+    args = (_index_ids(pool_ids, "pool_ids"), _integer(seq_lens, "seq_lens", I32), pool_size, bool(bound_pool_ids))
+    if _eager(pool_ids):
+        return _expand_and_append_kernel(*args)
+    return ops.expand_pools_and_append_tail(*args)

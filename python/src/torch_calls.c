@@ -1,0 +1,462 @@
+/* kpool._torch_calls: the C API called straight from torch tensors, for the
+ * per-call host time of the Python package (python/kpool/_calls.py picks it
+ * over the ctypes path when it loads).
+ *
+ * Built against Python's limited API of 3.11 (abi3), so one binary serves
+ * every CPython >= 3.11, and without torch's headers: a tensor is read
+ * through its Python interface (dtype, shape, stride(), data_ptr(), is_cuda,
+ * get_device()), and the dtypes, the current-stream getter and the error
+ * types come from the package at bind(). The entry points are not linked
+ * either: bind() receives their addresses from the libkpool.so the package
+ * loaded, so both paths always run the same library.
+ *
+ * Each function mirrors its kpool_* entry point, tensors and int parameters
+ * in the C order; the C API validates everything. What is checked here is
+ * only what a descriptor cannot carry: a dtype kpool has no code for, more
+ * than KPOOL_MAX_DIMS dims, a device other than cpu / cuda, an int outside
+ * int32.
+ */
+#ifndef Py_LIMITED_API /* CMake's Python3_add_library(USE_SABI 3.11) defines it too */
+#define Py_LIMITED_API 0x030B0000
+#endif
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kpool/kpool.h"
+
+/* --- what bind() hands over ---------------------------------------------- */
+#define KPOOL_DTYPES 7
+
+enum entry {
+    FWHT,
+    COMPRESS,
+    SEED,
+    DECODE,
+    EXPAND_AND_APPEND,
+    EXPAND_TO_TOKENS,
+    APPEND_TAIL,
+    ENTRIES
+};
+
+static void *entry_points[ENTRIES];
+static PyObject *torch_dtypes[KPOOL_DTYPES]; /* indexed by kpool_dtype; NULL: none in this torch */
+static PyObject *current_stream;             /* torch._C._cuda_getCurrentRawStream(index) -> int */
+static PyObject *error_for;                  /* (code, message) -> KpoolError */
+static PyObject *type_error, *value_error, *runtime_error;
+
+/* The process-wide execution options (kpool.set_arithmetic, set_index_errors). */
+static int32_t arithmetic;
+static int32_t index_errors_device = -1;
+static int32_t *index_errors;
+
+static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_is_cuda, *s_is_cpu, *s_get_device,
+    *s_contiguous;
+
+/* --- one call's descriptors ---------------------------------------------- */
+enum { INNER = 1, OUTPUT = 2 };
+
+#define MAX_TENSORS 8
+
+typedef struct {
+    kpool_tensor desc[MAX_TENSORS];
+    const kpool_tensor *arg[MAX_TENSORS]; /* NULL for None */
+    PyObject *copies[MAX_TENSORS];        /* contiguous copies of inputs the kernels cannot address */
+    int cuda_index;                       /* device of the first CUDA tensor, -1: host call */
+    kpool_exec exec;
+} call;
+
+static void release(call *c) {
+    for (int i = 0; i < MAX_TENSORS; i++) Py_CLEAR(c->copies[i]);
+}
+
+static int raise_formatted(PyObject *type, const char *format, const char *name, long long value) {
+    PyObject *text = PyUnicode_FromFormat(format, name, value);
+    if (text) {
+        PyErr_SetObject(type, text);
+        Py_DECREF(text);
+    }
+    return -1;
+}
+
+/* The runtime can address a layout as it is: positive strides on every
+ * dimension of more than one element, and a unit innermost stride where
+ * the kernels read rows (INNER). */
+static int addressable(const kpool_tensor *d, int flags) {
+    for (int i = 0; i < d->ndim; i++)
+        if (d->shape[i] > 1 && d->strides[i] <= 0) return 0;
+    if ((flags & INNER) && d->ndim && d->shape[d->ndim - 1] > 1 && d->strides[d->ndim - 1] != 1) return 0;
+    return 1;
+}
+
+static int read_ints(PyObject *tuple, int64_t *out, int n) {
+    for (int i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GetItem(tuple, i); /* borrowed */
+        if (!item) return -1;
+        out[i] = PyLong_AsLongLong(item);
+        if (out[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static int read_layout(PyObject *t, kpool_tensor *d) {
+    PyObject *strides = PyObject_CallMethodObjArgs(t, s_stride, NULL);
+    if (!strides) return -1;
+    int rc = read_ints(strides, d->strides, d->ndim);
+    Py_DECREF(strides);
+    if (rc) return -1;
+    PyObject *ptr = PyObject_CallMethodObjArgs(t, s_data_ptr, NULL);
+    if (!ptr) return -1;
+    d->data = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int describe(call *c, int i, PyObject *t, const char *name, int flags) {
+    if (t == Py_None) {
+        c->arg[i] = NULL;
+        return 0;
+    }
+    kpool_tensor *d = &c->desc[i];
+    PyObject *dtype = PyObject_GetAttr(t, s_dtype);
+    if (!dtype) return -1;
+    int code = -1;
+    for (int k = 0; k < KPOOL_DTYPES; k++)
+        if (torch_dtypes[k] == dtype) code = k;
+    if (code < 0) {
+        PyObject *text = PyUnicode_FromFormat("%s has dtype %S, which kpool does not take", name, dtype);
+        Py_DECREF(dtype);
+        if (text) {
+            PyErr_SetObject(type_error, text);
+            Py_DECREF(text);
+        }
+        return -1;
+    }
+    Py_DECREF(dtype);
+    d->dtype = (kpool_dtype)code;
+
+    PyObject *shape = PyObject_GetAttr(t, s_shape);
+    if (!shape) return -1;
+    Py_ssize_t ndim = PyTuple_Size(shape);
+    if (ndim < 0 || ndim > KPOOL_MAX_DIMS) {
+        Py_DECREF(shape);
+        return ndim < 0 ? -1 : raise_formatted(value_error, "%s has %lld dims (at most 4)", name, ndim);
+    }
+    d->ndim = (int32_t)ndim;
+    int rc = read_ints(shape, d->shape, d->ndim);
+    Py_DECREF(shape);
+    if (rc || read_layout(t, d)) return -1;
+
+    int64_t numel = 1;
+    for (int k = 0; k < d->ndim; k++) numel *= d->shape[k];
+    if (numel == 0) { /* addresses nothing: row-major strides, which the layout checks accept */
+        int64_t step = 1;
+        for (int k = d->ndim - 1; k >= 0; k--) {
+            d->strides[k] = step;
+            step *= d->shape[k] > 1 ? d->shape[k] : 1;
+        }
+    } else if (!(flags & OUTPUT) && !addressable(d, flags)) {
+        /* as the reference's .contiguous(); outputs are always written in place */
+        PyObject *copy = PyObject_CallMethodObjArgs(t, s_contiguous, NULL);
+        if (!copy) return -1;
+        c->copies[i] = copy;
+        if (read_layout(copy, d)) return -1;
+    }
+
+    PyObject *is_cuda = PyObject_GetAttr(t, s_is_cuda);
+    if (!is_cuda) return -1;
+    int cuda = PyObject_IsTrue(is_cuda);
+    Py_DECREF(is_cuda);
+    if (cuda) {
+        PyObject *index = PyObject_CallMethodObjArgs(t, s_get_device, NULL);
+        if (!index) return -1;
+        d->device = KPOOL_DEVICE_CUDA;
+        d->device_index = (int32_t)PyLong_AsLong(index);
+        Py_DECREF(index);
+        if (c->cuda_index < 0) c->cuda_index = d->device_index;
+    } else {
+        PyObject *is_cpu = PyObject_GetAttr(t, s_is_cpu);
+        if (!is_cpu) return -1;
+        int cpu = PyObject_IsTrue(is_cpu);
+        Py_DECREF(is_cpu);
+        if (!cpu) {
+            PyObject *text = PyUnicode_FromFormat("%s is not on a cpu or cuda device; kpool runs on cpu and cuda "
+                                                  "tensors", name);
+            if (text) {
+                PyErr_SetObject(runtime_error, text);
+                Py_DECREF(text);
+            }
+            return -1;
+        }
+        d->device = KPOOL_DEVICE_CPU;
+        d->device_index = 0;
+    }
+    c->arg[i] = d;
+    return 0;
+}
+
+static int int32_arg(PyObject *v, const char *name, int32_t *out) {
+    long long i = PyLong_AsLongLong(v);
+    if (i == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
+        PyErr_Clear();
+        PyObject *text = PyUnicode_FromFormat("%s = %R is not an int", name, v);
+        if (text) {
+            PyErr_SetObject(type_error, text);
+            Py_DECREF(text);
+        }
+        return -1;
+    }
+    if (i < INT32_MIN || i > INT32_MAX)
+        return raise_formatted(value_error, "%s = %lld is out of range [-2147483648, 2147483647]", name, i);
+    *out = (int32_t)i;
+    return 0;
+}
+
+/* The kpool_exec of a call: torch's current stream on the device of its
+ * first CUDA tensor (NULL for host calls), the arithmetic, and the
+ * index-error words when they live on that device. */
+static int prepare_exec(call *c) {
+    c->exec.stream = NULL;
+    c->exec.arithmetic = arithmetic;
+    c->exec.index_errors = NULL;
+    if (c->cuda_index < 0) return 0;
+    PyObject *stream = PyObject_CallFunction(current_stream, "i", c->cuda_index);
+    if (!stream) return -1;
+    c->exec.stream = PyLong_AsVoidPtr(stream);
+    Py_DECREF(stream);
+    if (PyErr_Occurred()) return -1;
+    if (index_errors_device == c->cuda_index) c->exec.index_errors = index_errors;
+    return 0;
+}
+
+static PyObject *finish(kpool_status_code code, const kpool_status *status) {
+    if (code == KPOOL_OK) return NULL;
+    PyObject *error = PyObject_CallFunction(error_for, "is", (int)code, status->message);
+    if (error) {
+        PyErr_SetObject((PyObject *)Py_TYPE(error), error);
+        Py_DECREF(error);
+    }
+    return NULL;
+}
+
+/* --- the entry points, one spec each --------------------------------------- */
+typedef struct {
+    const char *name;
+    enum entry entry;
+    int tensors;
+    const char *tensor_names[MAX_TENSORS];
+    int flags[MAX_TENSORS];
+    int ints;
+    const char *int_names[4];
+} op_spec;
+
+static kpool_status_code invoke(const op_spec *op, call *c, const int32_t *v, kpool_status *st) {
+    const kpool_tensor *const *a = c->arg;
+    const kpool_exec *e = &c->exec;
+    void *fn = entry_points[op->entry];
+    switch (op->entry) {
+    case FWHT:
+        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
+                                      const kpool_exec *, kpool_status *))fn)(a[0], a[1], a[2], e, st);
+    case COMPRESS:
+        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
+                                      const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
+                                      const kpool_tensor *, const kpool_tensor *, int32_t, int32_t, int32_t,
+                                      int32_t, const kpool_exec *, kpool_status *))fn)(
+            a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], v[0], v[1], v[2], v[3], e, st);
+    case SEED:
+        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
+                                      const kpool_tensor *, int32_t, int32_t, const kpool_exec *,
+                                      kpool_status *))fn)(a[0], a[1], a[2], a[3], v[0], v[1], e, st);
+    case DECODE:
+        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
+                                      const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
+                                      const kpool_tensor *, const kpool_tensor *, int32_t, int32_t, int32_t,
+                                      const kpool_exec *, kpool_status *))fn)(
+            a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], v[0], v[1], v[2], e, st);
+    case EXPAND_AND_APPEND:
+        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *, int32_t,
+                                      int32_t, const kpool_exec *, kpool_status *))fn)(a[0], a[1], a[2], v[0],
+                                                                                       v[1], e, st);
+    case EXPAND_TO_TOKENS:
+        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
+                                      const kpool_tensor *, const kpool_tensor *, int32_t, int32_t,
+                                      const kpool_exec *, kpool_status *))fn)(a[0], a[1], a[2], a[3], a[4], v[0],
+                                                                              v[1], e, st);
+    case APPEND_TAIL:
+        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
+                                      const kpool_tensor *, const kpool_tensor *, const kpool_tensor *, int32_t,
+                                      const kpool_exec *, kpool_status *))fn)(a[0], a[1], a[2], a[3], a[4], a[5],
+                                                                              v[0], e, st);
+    case ENTRIES: break;
+    }
+    return KPOOL_ERROR_INTERNAL;
+}
+
+/* Runs one entry point on Python arguments: tensors (or None), then ints.
+ * Returns decode's skipped completions (0 for the other ops). */
+static PyObject *run(const op_spec *op, PyObject *const *args, Py_ssize_t nargs) {
+    if (!entry_points[op->entry]) {
+        PyErr_SetString(PyExc_RuntimeError, "kpool._torch_calls: bind() was not called");
+        return NULL;
+    }
+    if (nargs != op->tensors + op->ints) {
+        PyErr_Format(PyExc_TypeError, "%s takes %d arguments (%zd given)", op->name, op->tensors + op->ints,
+                     nargs);
+        return NULL;
+    }
+    call c;
+    memset(&c, 0, sizeof c);
+    c.cuda_index = -1;
+    int32_t values[4];
+    kpool_status status;
+    status.message[0] = 0;
+    status.skipped_completions = 0;
+    PyObject *result = NULL;
+    for (int i = 0; i < op->tensors; i++)
+        if (describe(&c, i, args[i], op->tensor_names[i], op->flags[i])) goto done;
+    for (int i = 0; i < op->ints; i++)
+        if (int32_arg(args[op->tensors + i], op->int_names[i], &values[i])) goto done;
+    if (prepare_exec(&c)) goto done;
+    kpool_status_code code;
+    Py_BEGIN_ALLOW_THREADS
+    code = invoke(op, &c, values, &status);
+    Py_END_ALLOW_THREADS
+    result = code == KPOOL_OK ? PyLong_FromLongLong(status.skipped_completions) : finish(code, &status);
+done:
+    release(&c);
+    return result;
+}
+
+static const op_spec FWHT_SPEC = {"fwht128_quant_fp8", FWHT, 3, {"q", "q_fp8", "q_scale"},
+                                  {INNER, OUTPUT, OUTPUT}, 0, {0}};
+static const op_spec COMPRESS_SPEC = {
+    "compress_and_write_cache", COMPRESS, 8,
+    {"kv_cache", "slot_k", "slot_score", "ape", "loc", "write_mask", "compressed_k", "compressed_scale"},
+    {OUTPUT, INNER, INNER, INNER, 0, 0, OUTPUT, OUTPUT}, 4,
+    {"pool_size", "head_dim", "round_scale", "write_cache"}};
+static const op_spec SEED_SPEC = {"seed_tail_cache", SEED, 4, {"tail_kv_cache", "key", "gate_score", "tslot"},
+                                  {OUTPUT, INNER, INNER, 0}, 2, {"kpool", "head_dim"}};
+static const op_spec DECODE_SPEC = {
+    "decode_update_and_maybe_write_cache_batched", DECODE, 8,
+    {"kv_cache", "tail_kv_cache", "tail_slot_mapping", "key", "slot_score", "ape", "slot_mapping", "positions"},
+    {OUTPUT, OUTPUT, 0, INNER, INNER, INNER, 0, 0}, 3, {"pool_size", "head_dim", "round_scale"}};
+static const op_spec EXPAND_AND_APPEND_SPEC = {"expand_pools_and_append_tail", EXPAND_AND_APPEND, 3,
+                                               {"pool_ids", "seq_lens", "out"}, {INNER, 0, OUTPUT}, 2,
+                                               {"pool_size", "bound_pool_ids"}};
+static const op_spec EXPAND_TO_TOKENS_SPEC = {
+    "expand_pools_to_tokens", EXPAND_TO_TOKENS, 5, {"group_ids", "group_valid", "page_table", "topk_offsets", "out"},
+    {INNER, INNER, 0, 0, OUTPUT}, 2, {"topk", "pool_size"}};
+static const op_spec APPEND_TAIL_SPEC = {
+    "append_tail_to_topk", APPEND_TAIL, 6,
+    {"topk_result", "seq_lens", "pool_lens", "page_table", "topk_offsets", "out"}, {INNER, 0, 0, 0, 0, OUTPUT},
+    1, {"pool_size"}};
+
+#define ENTRY(fn, spec)                                                              \
+    static PyObject *fn(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { \
+        (void)self;                                                                  \
+        return run(&spec, args, nargs);                                              \
+    }
+ENTRY(fwht128_quant_fp8, FWHT_SPEC)
+ENTRY(compress_and_write_cache, COMPRESS_SPEC)
+ENTRY(seed_tail_cache, SEED_SPEC)
+ENTRY(decode_update_and_maybe_write_cache_batched, DECODE_SPEC)
+ENTRY(expand_pools_and_append_tail, EXPAND_AND_APPEND_SPEC)
+ENTRY(expand_pools_to_tokens, EXPAND_TO_TOKENS_SPEC)
+ENTRY(append_tail_to_topk, APPEND_TAIL_SPEC)
+
+static void replace(PyObject **slot, PyObject *value) {
+    PyObject *old = *slot;
+    Py_XINCREF(value);
+    *slot = value;
+    Py_XDECREF(old);
+}
+
+/* bind(entry_points, dtypes, current_stream, error_for, type_error, value_error, runtime_error):
+ * entry_points: the 7 addresses in the order of the functions above; dtypes: 7 torch dtypes (or None) in
+ * kpool_dtype order. */
+static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7 || !PyTuple_Check(args[0]) || PyTuple_Size(args[0]) != ENTRIES || !PyTuple_Check(args[1]) ||
+        PyTuple_Size(args[1]) != KPOOL_DTYPES) {
+        PyErr_SetString(PyExc_TypeError, "bind(entry_points[7], dtypes[7], current_stream, error_for, "
+                                         "type_error, value_error, runtime_error)");
+        return NULL;
+    }
+    void *fns[ENTRIES];
+    for (int i = 0; i < ENTRIES; i++) {
+        fns[i] = PyLong_AsVoidPtr(PyTuple_GetItem(args[0], i));
+        if (PyErr_Occurred()) return NULL;
+    }
+    memcpy(entry_points, fns, sizeof fns);
+    for (int i = 0; i < KPOOL_DTYPES; i++) {
+        PyObject *dt = PyTuple_GetItem(args[1], i);
+        replace(&torch_dtypes[i], dt == Py_None ? NULL : dt);
+    }
+    replace(&current_stream, args[2]);
+    replace(&error_for, args[3]);
+    replace(&type_error, args[4]);
+    replace(&value_error, args[5]);
+    replace(&runtime_error, args[6]);
+    Py_RETURN_NONE;
+}
+
+/* configure(arithmetic, index_errors_device, index_errors_address): the
+ * execution options of later calls (address 0: no index-error words). */
+static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "configure(arithmetic, index_errors_device, index_errors_address)");
+        return NULL;
+    }
+    long a = PyLong_AsLong(args[0]);
+    long device = PyLong_AsLong(args[1]);
+    void *words = PyLong_AsVoidPtr(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    arithmetic = (int32_t)a;
+    index_errors_device = words ? (int32_t)device : -1;
+    index_errors = (int32_t *)words;
+    Py_RETURN_NONE;
+}
+
+#define FASTCALL(fn, doc) {#fn, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
+static PyMethodDef methods[] = {
+    FASTCALL(bind, "Hands over the library's entry points, torch's dtypes, its stream getter and kpool's errors."),
+    FASTCALL(configure, "Sets the arithmetic and the index-error words of later calls."),
+    FASTCALL(fwht128_quant_fp8, "kpool_fwht128_quant_fp8(q, q_fp8, q_scale)"),
+    FASTCALL(compress_and_write_cache, "kpool_compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, "
+                                       "write_mask, compressed_k, compressed_scale, pool_size, head_dim, "
+                                       "round_scale, write_cache)"),
+    FASTCALL(seed_tail_cache, "kpool_seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)"),
+    FASTCALL(decode_update_and_maybe_write_cache_batched,
+             "kpool_decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_slot_mapping, key, "
+             "slot_score, ape, slot_mapping, positions, pool_size, head_dim, round_scale) -> skipped completions"),
+    FASTCALL(expand_pools_and_append_tail,
+             "kpool_expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids)"),
+    FASTCALL(expand_pools_to_tokens,
+             "kpool_expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size)"),
+    FASTCALL(append_tail_to_topk, "kpool_append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, "
+                                  "topk_offsets, out, pool_size)"),
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_torch_calls",
+                                    "libkpool.so's entry points called from torch tensors (see torch_calls.c).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__torch_calls(void) {
+#define INTERN(var, text) \
+    if (!(var = PyUnicode_InternFromString(text))) return NULL;
+    INTERN(s_dtype, "dtype")
+    INTERN(s_shape, "shape")
+    INTERN(s_stride, "stride")
+    INTERN(s_data_ptr, "data_ptr")
+    INTERN(s_is_cuda, "is_cuda")
+    INTERN(s_is_cpu, "is_cpu")
+    INTERN(s_get_device, "get_device")
+    INTERN(s_contiguous, "contiguous")
+#undef INTERN
+    return PyModule_Create(&module);
+}

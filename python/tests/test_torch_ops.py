@@ -1,0 +1,256 @@
+"""kpool's PyTorch custom operators on CPU tensors: registration, schemas,
+fake implementations, torch.library.opcheck, torch.compile(fullgraph=True)
+bit for bit against eager, and the two call paths (the _torch_calls
+extension and ctypes) against each other. Skipped without torch.
+
+The CUDA side (CUDA graphs under mode="reduce-overhead", an engine-shaped
+module against the reference) is test_gpu_torch_compile.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
+
+import kpool  # noqa: E402
+from kpool import _calls  # noqa: E402
+
+try:
+    kpool.version()
+except OSError as e:
+    pytest.skip(f"libkpool.so does not load: {e}", allow_module_level=True)
+
+D, P, PAGE = 128, 4, 64
+OPS = ("fwht128_quant_fp8", "compress_and_write_cache", "compress_to_rows", "seed_tail_cache",
+       "decode_update_and_maybe_write_cache_batched", "expand_pools_and_append_tail", "expand_pools_to_tokens",
+       "append_tail_to_topk")
+# What each op writes in place (its schema's Tensor(a!) arguments).
+MUTATED = {"compress_and_write_cache": ["kv_cache"], "compress_to_rows": ["kv_cache"],
+           "seed_tail_cache": ["tail_kv_cache"],
+           "decode_update_and_maybe_write_cache_batched": ["kv_cache", "tail_kv_cache"]}
+
+
+def _bf16(g, *shape, scale=1.0):
+    return (torch.randn(shape, generator=g) * scale).to(torch.bfloat16)
+
+
+def _state(seed=0, device="cpu"):
+    """Small engine-shaped tensors for every op: a paged cache with random
+    bytes, a padded tail allocation viewed as [blocks, 2, ring, 128], a
+    prefill batch of two requests and one decode step of next_n = 2."""
+    g = torch.Generator().manual_seed(seed)
+    ring, blocks = 2 * P, 4
+    tail_base = _bf16(g, blocks, 2 * ring * D + 64)
+    lens = [10, 6]
+    tslot = torch.tensor([1 * ring + p % ring for p in range(lens[0])] + [3 * ring + p % ring for p in range(lens[1])],
+                         dtype=torch.int32)
+    pos = torch.tensor([[lens[0], lens[0] + 1], [lens[1], lens[1] + 1]], dtype=torch.int32)
+    return dict(
+        q=_bf16(g, 24, D),
+        kv_cache=torch.randint(0, 256, (4, PAGE, D + 4), generator=g, dtype=torch.uint8),
+        tail_base=tail_base,
+        tail_kv_cache=tail_base.as_strided((blocks, 2, ring, D), (2 * ring * D + 64, ring * D, D, 1)),
+        slot_k=_bf16(g, 5, P, D), slot_score=_bf16(g, 5, P, D), ape=torch.randn((P, D), generator=g) * 0.5,
+        loc=torch.tensor([3, 9, 70, 100, 200]), write_mask=torch.tensor([True, False, True, True, False]),
+        key=_bf16(g, sum(lens), D), gate_score=_bf16(g, sum(lens), D), tslot=tslot,
+        positions=pos, tail_slot_mapping=torch.tensor([[ring + p % ring for p in pos[0].tolist()],
+                                                      [3 * ring + p % ring for p in pos[1].tolist()]],
+                                                     dtype=torch.int32),
+        slot_mapping=torch.tensor([[-1, 11], [-1, 17]], dtype=torch.int32),  # pool ends: positions 11 and 7
+        step_key=_bf16(g, 2, 2, D), step_score=_bf16(g, 2, 2, D),
+        pool_ids=torch.tensor([[0, 2, -1], [1, 0, 3]], dtype=torch.int32),
+        seq_lens=torch.tensor([13, 17], dtype=torch.int32),
+        page_table=torch.randint(0, 1 << 20, (2, 64), generator=g, dtype=torch.int32),
+    )
+
+
+def _op_args(s):
+    """(op, args) for opcheck: every op on the state's tensors."""
+    return {
+        "fwht128_quant_fp8": (s["q"],),
+        "compress_and_write_cache": (s["kv_cache"], s["slot_k"], s["slot_score"], s["ape"], s["loc"],
+                                     s["write_mask"], P, D, True, True),
+        "compress_to_rows": (s["kv_cache"], s["slot_k"], s["slot_score"], s["ape"], s["loc"], None, P, D, True, True),
+        "seed_tail_cache": (s["tail_kv_cache"], s["key"], s["gate_score"], s["tslot"], P, D),
+        "decode_update_and_maybe_write_cache_batched": (
+            s["kv_cache"], s["tail_kv_cache"], s["tail_slot_mapping"], s["step_key"], s["step_score"], s["ape"],
+            s["slot_mapping"], s["positions"], P, D, True),
+        "expand_pools_and_append_tail": (s["pool_ids"], s["seq_lens"], P, False),
+        "expand_pools_to_tokens": (s["pool_ids"], s["pool_ids"] >= 0, s["page_table"], None, 12, P),
+        "append_tail_to_topk": (s["pool_ids"], s["seq_lens"], s["seq_lens"] // P, None,
+                                torch.tensor([0, 100], dtype=torch.int64), P),
+    }
+
+
+def test_every_op_is_registered_with_its_mutations():
+    for name in OPS:
+        schema = getattr(torch.ops.kpool, name).default._schema
+        mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        assert mutated == MUTATED.get(name, []), (name, str(schema))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_opcheck(name):
+    torch.library.opcheck(getattr(torch.ops.kpool, name).default, _op_args(_state())[name])
+
+
+def test_fake_outputs_have_the_reference_shapes_dtypes_and_devices():
+    s = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in _state().items()}
+    s["tail_kv_cache"] = s["tail_base"].as_strided((4, 2, 2 * P, D), (2 * 2 * P * D + 64, 2 * P * D, D, 1))
+    args = _op_args(s)
+    q8, qs = torch.ops.kpool.fwht128_quant_fp8(*args["fwht128_quant_fp8"])
+    assert (q8.shape, q8.dtype, qs.shape, qs.dtype) == ((24, D), torch.float8_e4m3fn, (24, 1), torch.float32)
+    assert q8.device.type == qs.device.type == "meta"
+    ck, cs = torch.ops.kpool.compress_to_rows(*args["compress_to_rows"])
+    assert (ck.shape, ck.dtype, cs.shape, cs.dtype) == ((5, D), torch.float8_e4m3fn, (5,), torch.float32)
+    out = torch.ops.kpool.expand_pools_and_append_tail(*args["expand_pools_and_append_tail"])
+    assert (out.shape, out.dtype, out.device.type) == ((2, 3 * P + P - 1), torch.int32, "meta")
+    out = torch.ops.kpool.expand_pools_to_tokens(*args["expand_pools_to_tokens"])
+    assert (out.shape, out.dtype) == ((2, 12), torch.int32)
+    out = torch.ops.kpool.append_tail_to_topk(*args["append_tail_to_topk"])
+    assert (out.shape, out.dtype) == ((2, 3 + P - 1), torch.int32)
+    for name in MUTATED:
+        assert getattr(torch.ops.kpool, name)(*args[name]) is None or name == "compress_to_rows"
+    with pytest.raises(kpool.KpoolValueError, match="q has shape"):
+        torch.ops.kpool.fwht128_quant_fp8(s["q"][0])
+
+
+def _all_ops(s, lib=kpool):
+    """Every drop-in function once, mixed with torch ops, the way an indexer
+    uses them; returns the outputs (the caches are updated in place)."""
+    q8, qs = lib.fwht128_quant_fp8(s["q"] * 2)
+    lib.kpool_seed_tail_cache(s["tail_kv_cache"], s["key"], s["gate_score"], s["tslot"], P)
+    lib.kpool_compress_and_write_cache(s["kv_cache"], s["slot_k"], s["slot_score"].float(), s["ape"], s["loc"], P,
+                                       write_mask=s["write_mask"])
+    ck, cs = lib.kpool_compress_and_write_cache(None, s["slot_k"], s["slot_score"], s["ape"], s["loc"], P,
+                                                return_compressed=True, write_cache=False)
+    lib.kpool_decode_update_and_maybe_write_cache_batched(
+        s["kv_cache"], s["tail_kv_cache"], s["tail_slot_mapping"], s["step_key"], s["step_score"], s["ape"],
+        s["slot_mapping"], s["positions"], P)
+    ids = lib.expand_pools_and_append_tail(s["pool_ids"].long(), s["seq_lens"], P)
+    tokens = lib.expand_pools_to_tokens(s["pool_ids"], s["pool_ids"] >= 0, 12, P, page_table=s["page_table"])
+    topk = lib.append_tail_to_topk(tokens, s["seq_lens"].long(), s["seq_lens"] // P, P,
+                                   topk_offsets=torch.tensor([0, 100], device=s["q"].device))
+    return dict(q8=q8.view(torch.uint8), qs=qs * 1, ck=ck, cs=cs, ids=ids + 1, topk=topk)
+
+
+def _bytes_equal(a, b):
+    a, b = a.detach(), b.detach()
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.reshape(-1).view(torch.uint8),
+                                                                       b.reshape(-1).view(torch.uint8))
+
+
+def _compare(got, want):
+    for k in want:
+        assert _bytes_equal(got[k], want[k]), k
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_fullgraph_is_bit_identical_to_eager(backend):
+    if backend == "inductor" and not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("inductor compiles its CPU kernels with a C++ compiler; there is none here")
+    eager, compiled = _state(1), _state(1)
+    want = _all_ops(eager)
+    torch._dynamo.reset()
+    got = torch.compile(_all_ops, fullgraph=True, backend=backend)(compiled)
+    _compare(got, want)
+    for k in ("kv_cache", "tail_base"):  # the padding of the tail allocation included
+        assert _bytes_equal(compiled[k], eager[k]), k
+    assert not torch.equal(compiled["kv_cache"], _state(1)["kv_cache"])  # the caches were written
+
+
+def test_dispatcher_and_direct_kernels_write_the_same_bytes():
+    """Eager calls of plain tensors skip the dispatcher; a dispatch mode (here
+    torch.ops through a TorchDispatchMode that only forwards) takes it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Forward(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    direct, dispatched = _state(2), _state(2)
+    want = _all_ops(direct)
+    with Forward():
+        got = _all_ops(dispatched)
+    assert {f"kpool.{n}.default" for n in OPS} - {"kpool.compress_to_rows.default"} <= set(seen) | {
+        "kpool.compress_and_write_cache.default"}
+    _compare(got, want)
+    assert _bytes_equal(dispatched["kv_cache"], direct["kv_cache"])
+    assert _bytes_equal(dispatched["tail_base"], direct["tail_base"])
+
+
+def test_extension_and_ctypes_calls_agree():
+    extension = _calls.torch_calls()
+    if extension is _calls.ctypes_calls:
+        pytest.skip(f"the _torch_calls extension is not built ({_calls.extension_path()} is missing)")
+    a, b = _state(3), _state(3)
+    want = _all_ops(a)
+    _calls._torch_calls = _calls.ctypes_calls
+    try:
+        got = _all_ops(b)
+    finally:
+        _calls._torch_calls = extension
+    _compare(got, want)
+    assert _bytes_equal(a["kv_cache"], b["kv_cache"]) and _bytes_equal(a["tail_base"], b["tail_base"])
+
+
+@pytest.mark.parametrize("path", ["extension", "ctypes"])
+def test_errors_name_the_argument_on_both_paths(path):
+    extension = _calls.torch_calls()
+    if path == "extension" and extension is _calls.ctypes_calls:
+        pytest.skip("the _torch_calls extension is not built")
+    s = _state(4)
+    before = s["kv_cache"].clone()
+    if path == "ctypes":
+        _calls._torch_calls = _calls.ctypes_calls
+    try:
+        bad = s["loc"].clone()
+        bad[2] = 4 * PAGE
+        with pytest.raises(kpool.KpoolIndexRangeError, match=r"loc\[2\]"):
+            kpool.kpool_compress_and_write_cache(s["kv_cache"], s["slot_k"], s["slot_score"], s["ape"], bad, P)
+        with pytest.raises(kpool.KpoolTypeError, match="slot_k"):
+            kpool.kpool_compress_and_write_cache(s["kv_cache"], s["slot_k"].float(), s["slot_score"], s["ape"],
+                                                 s["loc"], P)
+        with pytest.raises(kpool.KpoolTypeError, match="q has dtype"):
+            kpool.fwht128_quant_fp8(s["q"].to(torch.float16))
+        with pytest.raises(kpool.KpoolValueError, match=str(1 << 33)):  # ctypes would truncate it
+            kpool.kpool_seed_tail_cache(s["tail_kv_cache"], s["key"], s["gate_score"], s["tslot"], 1 << 33)
+        with pytest.raises(kpool.KpoolValueError, match="dims"):
+            kpool.fwht128_quant_fp8(s["q"].reshape(1, 1, 1, 24, D))
+        # Dynamo reports the error raised in traced code as a compile error naming it.
+        with pytest.raises(Exception, match="return_skipped=True is for eager calls"):
+            torch.compile(lambda x: kpool.kpool_decode_update_and_maybe_write_cache_batched(
+                s["kv_cache"], s["tail_kv_cache"], s["tail_slot_mapping"], x, s["step_score"], s["ape"],
+                s["slot_mapping"], s["positions"], P, return_skipped=True), fullgraph=True, backend="eager")(
+                s["step_key"])
+    finally:
+        _calls._torch_calls = extension
+    assert torch.equal(s["kv_cache"], before)
+
+
+def test_decode_returns_its_skipped_completions_in_eager():
+    s = _state(5)
+    s["tail_slot_mapping"][1] = -1  # request 1 completes a pool (position 7) without a tail block
+    n = kpool.kpool_decode_update_and_maybe_write_cache_batched(
+        s["kv_cache"], s["tail_kv_cache"], s["tail_slot_mapping"], s["step_key"], s["step_score"], s["ape"],
+        s["slot_mapping"], s["positions"], P, return_skipped=True)
+    assert n == 1
+
+
+def test_strided_inputs_are_read_like_contiguous_copies():
+    s, t = _state(6), _state(6)
+    q = torch.stack([s["q"], s["q"]], dim=2).reshape(24, 2 * D)[:, ::2]  # innermost stride 2: copied first
+    a = kpool.fwht128_quant_fp8(q)
+    b = kpool.fwht128_quant_fp8(t["q"])
+    assert _bytes_equal(a[0], b[0]) and _bytes_equal(a[1], b[1])
