@@ -24,8 +24,9 @@ using namespace kpool_test;
 
 constexpr int kRows = 300;
 
-// Random rows, and the edge rows of FwhtTest: zeros, tiny, huge, one spike,
-// alternating +-448, infinities.
+// Random rows, and the finite edge rows of FwhtTest: zeros, tiny, huge, one
+// spike, alternating +-448. (Non-finite rows are outside the bit-exactness
+// contract, docs/behaviour.md: a NaN's absmax depends on the reduction order.)
 std::vector<uint16_t> layout_test_rows() {
     std::mt19937 rng(77);
     std::vector<uint16_t> q(size_t(kRows) * kD);
@@ -35,8 +36,6 @@ std::vector<uint16_t> layout_test_rows() {
             uint16_t v = random_bf16(rng, r < 4 ? sigma[r] : 2.0f);
             if (r == 4) v = bf16_of(d == 17 ? 3e4f : 0.0f);
             if (r == 5) v = bf16_of(d % 2 ? -448.0f : 448.0f);
-            if (r == 6 && d == 100) v = 0x7f80;  // +inf
-            if (r == 7 && d % 3 == 0) v = 0xff80;  // -inf
             q[size_t(r) * kD + d] = v;
         }
     }
