@@ -2,7 +2,7 @@
 """kpool vs the Triton reference on one GPU, every op over the reference's sweep.
 
     PYTHONPATH=python KPOOL_LIBRARY=build/libkpool.so python3 bench/bench_gpu.py [--quick]
-        [--only copy,fwht,compress,seed,decode,expand] [--no-graph] [--out FILE]
+        [--only copy,fwht,compress,seed,decode,expand,steps] [--no-graph] [--out FILE]
         [--arithmetic exact|triton]
 
 Both libraries run in one process on the same tensors (the cases, sizes and
@@ -21,7 +21,16 @@ byte counts of shared/anchors/bench_triton.py). Per case it prints:
                  side alone; the GPU runs behind)
   exact          our outputs and caches vs the reference's, compared once on
                  copies of the same inputs ("exact", or what differs)
-JSON goes to --out, else $OUT/kpool_bench.json when OUT is set.
+Engine steps (group "steps"): what an engine runs per step, its ops
+captured back to back in one CUDA graph, ours and the reference's each, in
+the same run: a decode step (fwht of requests x next_n x 64 heads query rows,
+the decode update, expand_pools_and_append_tail with topk 2048 for each query
+token) and a prefill step (fwht of tokens x 64 heads, compress of every whole
+pool, seed). Per step: graph-replay µs of the whole step, speed-up, the step's
+bytes at copy bandwidth (roofline), and each op's share of the step (the op's
+own graph replay over the sum of the step's ops).
+JSON goes to --out, else $OUT/kpool_bench.json when OUT is set;
+bench/bench_chart.py draws it.
 
 The reference module is found like the side-by-side test finds it
 ($KPOOL_REFERENCE_DIR, else ../shared/reference next to the repo). When
@@ -41,7 +50,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
 
-GROUPS = ("copy", "fwht", "compress", "seed", "decode", "expand")
+GROUPS = ("copy", "fwht", "compress", "seed", "decode", "expand", "steps")
+HEADS = 64  # query heads per token: the fwht rows of an engine step
 
 
 def parse_args(argv=None):
@@ -152,6 +162,79 @@ def cases_expand(kt, gen, quick):
             yield Case("expand_pools_and_append_tail", prm, kt.expand_bytes(rows, P), fused)
             yield Case("expand_pools_to_tokens+append_tail_to_topk", prm, kt.expand_bytes(rows, P, twins=True),
                        twins)
+
+
+STEP_DECODE = (32, 128, 512), (1, 2)  # requests, next_n
+STEP_PREFILL = (2048, 16384)  # tokens
+
+
+def engine_steps(kt, gen, quick):
+    """(name, params, [(op, bytes, run(lib))]): each engine step's ops in order."""
+    for R in STEP_DECODE[0][:2] if quick else STEP_DECODE[0]:
+        for nn in STEP_DECODE[1]:
+            for P in kt.POOLS:
+                rows = R * nn
+                q = kt.fwht_inputs(gen, rows * HEADS)["q"]
+                d = kt.decode_inputs(gen, R, nn, P)
+                e = kt.expand_inputs(gen, rows, P)
+                ops = [("fwht", kt.fwht_bytes(rows * HEADS), lambda lib, q=q: lib.fwht128_quant_fp8(q)),
+                       ("decode", kt.decode_bytes(*d["meta"], P),
+                        lambda lib, d=d, P=P: lib.kpool_decode_update_and_maybe_write_cache_batched(
+                            d["kv_cache"], d["tail_kv_cache"], d["tail_slot_mapping"], d["key"], d["slot_score"],
+                            d["ape"], d["slot_mapping"], d["positions"], P)),
+                       ("expand", kt.expand_bytes(rows, P),
+                        lambda lib, e=e, P=P: lib.expand_pools_and_append_tail(e["pool_ids"], e["seq_lens"], P))]
+                yield "decode step", dict(requests=R, next_n=nn, pool=P), ops
+    for n in STEP_PREFILL[:1] if quick else STEP_PREFILL:
+        for P in kt.POOLS:
+            q = kt.fwht_inputs(gen, n * HEADS)["q"]
+            c = kt.compress_inputs(gen, n // P, P)
+            s = kt.seed_inputs(gen, n, P)
+            ops = [("fwht", kt.fwht_bytes(n * HEADS), lambda lib, q=q: lib.fwht128_quant_fp8(q)),
+                   ("compress", kt.compress_bytes(n // P, P),
+                    lambda lib, c=c, P=P: lib.kpool_compress_and_write_cache(
+                        c["kv_cache"], c["slot_k"], c["slot_score"], c["ape"], c["loc"], P)),
+                   ("seed", kt.seed_bytes(n, s["seeded"]),
+                    lambda lib, s=s, P=P: lib.kpool_seed_tail_cache(s["tail_kv_cache"], s["key"], s["gate_score"],
+                                                                    s["tslot"], P))]
+            yield "prefill step", dict(tokens=n, pool=P), ops
+
+
+def run_steps(kt, torch, tt, gen, ours, ref, ours_ok, roof, quick):
+    """Times every engine step in graph replay, ours and the reference's; rows for the JSON."""
+    print("engine steps (one CUDA graph per step, replay µs; roofline = the step's bytes at copy bandwidth)")
+    print(f"{'step':<13} {'params':<30} {'ours':>8} {'ref':>8} {'roof':>8} {'speedup':>7}  "
+          f"share of the step, ours | ref")
+    rows = []
+    for name, params, ops in engine_steps(kt, gen, quick):
+        row = dict(step=name, params=params, bytes=sum(b for _, b, _ in ops), ops=[o for o, _, _ in ops])
+        row["roofline_us"] = row["bytes"] / roof / 1e3 if roof else None
+        for who, lib in (("ref", ref), ("ours", ours)):
+            if who == "ours" and not ours_ok:
+                continue
+            step_us, err = time_graph(torch, tt, lambda lib=lib: [run(lib) for _, _, run in ops])
+            row[f"{who}_us"] = step_us
+            if err:
+                row[f"{who}_error"] = err
+                continue
+            alone = [time_graph(torch, tt, lambda lib=lib, run=run: run(lib))[0] for _, _, run in ops]
+            row[f"{who}_op_us"] = alone
+        o, r = row.get("ours_us"), row.get("ref_us")
+        row["speedup"] = r / o if (o and r) else None
+        rows.append(row)
+
+        def shares(who):
+            alone = row.get(f"{who}_op_us")
+            if not alone or None in alone:
+                return row.get(f"{who}_error", "n/a")
+            return " ".join(f"{op} {100 * t / sum(alone):.0f}%" for op, t in zip(row["ops"], alone))
+
+        ps = " ".join(f"{k}={v}" for k, v in params.items())
+        print(f"{name:<13} {ps:<30} {num(o, 8, 2)} {num(r, 8, 2)} {num(row['roofline_us'], 8, 2)} "
+              f"{num(row['speedup'], 7, 2)}  {shares('ours')} | {shares('ref')}")
+        sys.stdout.flush()
+    torch.cuda.empty_cache()
+    return rows
 
 
 # --- timing ------------------------------------------------------------------------------------------------
@@ -303,7 +386,9 @@ def main(argv=None):
         print(f"roofline: torch copy 2 GiB d2d: {med:.1f} us, {roof:.1f} GB/s")
         del src, dst
         torch.cuda.empty_cache()
-    print(f"{'op':<44} {'params':<58} {'ours':>9} {'ref':>9} {'g.ours':>9} {'g.ref':>9} {'bytes':>11} "
+    if not a.ours_on_host and (only is None or "steps" in only):
+        res["steps"] = run_steps(kt, torch, tt, kt.Gen(4321, "cuda"), ours, ref, ours_ok, roof, a.quick)
+    print(f"\n{'op':<44} {'params':<58} {'ours':>9} {'ref':>9} {'g.ours':>9} {'g.ref':>9} {'bytes':>11} "
           f"{'GB/s':>7} {'%copy':>6} {'speedup':>7} {'host.o':>7} {'host.r':>7} {'enq.o':>6} {'enq.r':>6}  exact")
     gen = kt.Gen(1234, "cuda")
     groups = dict(fwht=cases_fwht, compress=cases_compress, seed=cases_seed, decode=cases_decode,
