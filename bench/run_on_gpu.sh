@@ -3,8 +3,8 @@
 # and the demo on the device, the benchmark next to the Triton reference, the
 # Python side-by-side test, the torch custom operators under torch.compile
 # (CUDA graphs), the host time per call from Python, the benchmark in the
-# exact arithmetic, and
-# (with --profile) Nsight Compute on the large cases. Everything built here
+# exact arithmetic, compute-sanitizer on the decode tests, and (with
+# --profile) Nsight Compute on the large cases. Everything built here
 # first:
 #
 #   bash scripts/kpool.sh build
@@ -86,6 +86,14 @@ while read -r line; do summary+=("  $line"); done < <(grep -E '^(extension|op |[
 step "bench --arithmetic exact" bench_exact.log \
     python3 bench/bench_gpu.py --min-runs 50 --arithmetic exact --only copy,compress,decode \
     --out "$out/kpool_bench_exact.json" "${bench_args[@]}"
+
+# The one-kernel decode under compute-sanitizer: shared-memory races, then
+# out-of-bounds accesses.
+for tool in racecheck memcheck; do
+    step "compute-sanitizer $tool (GPU decode tests)" "$tool.log" compute-sanitizer --tool "$tool" \
+        build/tests/kpool_tests --gtest_filter='GpuDecode*' --gtest_brief=1
+    while read -r line; do summary+=("  $line"); done < <(grep -E 'SUMMARY|^\[  (PASSED|FAILED)' "$out/$tool.log")
+done
 
 cat "$out/bench.log"
 printf '%s\n' "${summary[@]}"

@@ -1,12 +1,14 @@
-// kpool_decode_update_and_maybe_write_cache_batched, as two kernels the
-// runtime runs in order on one stream (or, with one token per request, as
-// kpool_decode_update, both in one kernel):
+// kpool_decode_update_and_maybe_write_cache_batched. On CUDA one kernel,
+// kpool_decode_update (a block per request: its completions, one barrier,
+// then its stashes); on the CPU two, which the runtime runs in order:
 //   kpool_decode_write_cache: every completing token's pool, compressed and
 //     written at slot_mapping. A pool member stashed earlier in the same call
 //     comes from that token's inputs, otherwise from the ring as it was
 //     before the call: the same bytes the reference's sequential loop reads.
 //   kpool_decode_stash_tail: every token stashed into its ring slot, in
 //     token order per request (the last stash of a slot wins).
+// Both definitions are free of token order, so any schedule that runs a
+// request's completions before its stashes gives the reference's bytes.
 #include "kpool_schedules.h"
 
 namespace kpool {
@@ -168,6 +170,20 @@ void define_stash(Func tail, StashDomain &s, Expr keep, const DecodeToken &tok, 
     tail(s.d, at.ring_pos, s.half, at.block) = select(s.half == 0, key(s.d, s.t, s.b), score(s.d, s.t, s.b));
 }
 
+// Whether a later token of the same request stashes into the same ring slot
+// as token (tv, bv): the reference stashes in token order, so the last stash
+// into a slot wins; a token that a later one overwrites stashes nothing,
+// which leaves the tokens free of order (and of races) for a schedule.
+void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr next_n, const Ring &ring) {
+    Var tv{"tv"}, bv{"bv"};
+    RDom later(0, next_n, "later");
+    DecodeToken self = decode_token(positions, tail_slots, tv, bv, ring);
+    DecodeToken l = decode_token(positions, tail_slots, later, bv, ring);
+    overwritten(tv, bv) = Internal::const_false();
+    overwritten(tv, bv) =
+        overwritten(tv, bv) || (later > tv && l.stashes && l.block == self.block && l.ring_pos == self.ring_pos);
+}
+
 class DecodeWriteCache : public Generator<DecodeWriteCache> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
@@ -189,11 +205,12 @@ private:
     DecodeWriteStages stages;
 };
 
-// One token per request (next_n == 1), both steps in one kernel: the
-// completion reads the ring as before the call (the `tail` input: the same
-// memory as the `tail_out` output), and its token's own stash never lands in
-// a slot its pool reads (P <= RING). Only a tail block that two requests of
-// the call share could see the other's stash.
+// Both steps in one pipeline: the completions (which read the ring as it
+// was before the call: the `tail` input, the same memory as the `tail_out`
+// output), then the stashes of the tokens no later one overwrites. A
+// schedule runs a request's stashes after all of its completions; only a
+// tail block that two requests of the call share could see the other's
+// stash (docs/behaviour.md).
 class DecodeUpdate : public Generator<DecodeUpdate> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
@@ -208,21 +225,20 @@ public:
         const BuildPlan plan{get_target(), gpu};
         define_completions(stages.write, in, cache, pool_size, plan, arithmetic);
         Ring ring_math(in.tail.dim(1).extent());
+        Expr next_n = in.key.dim(1).extent();
         Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
         tail_out(d, ring_pos, half, block) = undef<uint16_t>();
         // Named and ordered as the completions' RDom (d, token, request, then
-        // half), so a schedule can fuse the loops over (token, request).
+        // half), so a schedule can fuse the loops over requests.
         RDom &r = stages.stash;
-        r = RDom(0, kHeadDim, 0, 1, 0, in.key.dim(2).extent(), 0, 2, "write");
+        r = RDom(0, kHeadDim, 0, next_n, 0, in.key.dim(2).extent(), 0, 2, "write");
+        auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
+        Func positions_in = in_batch(in.positions), tail_slots_in = in_batch(in.tail_slot_mapping);
+        define_overwritten(stages.overwritten, positions_in, tail_slots_in, next_n, ring_math);
         StashDomain stash{r, r.x, r[3], r.y, r.z};
-        DecodeToken tok = decode_token(in.positions, in.tail_slot_mapping, r.y, r.z, ring_math);
-        define_stash(tail_out, stash, Internal::const_true(), tok, in.tail.dim(1).extent(), in.key, in.slot_score);
-        for (auto *per_token : {&in.key, &in.slot_score}) {
-            per_token->dim(1).set_bounds(0, 1);
-        }
-        for (auto *per_token : {&in.tail_slot_mapping, &in.slot_mapping, &in.positions}) {
-            per_token->dim(0).set_bounds(0, 1);
-        }
+        DecodeToken tok = decode_token(positions_in, tail_slots_in, r.y, r.z, ring_math);
+        define_stash(tail_out, stash, !stages.overwritten(r.y, r.z), tok, in.tail.dim(1).extent(), in_batch(in.key),
+                     in_batch(in.slot_score));
         tail_out.dim(0).set_bounds(0, kHeadDim);
         tail_out.dim(1).set_stride(kHeadDim);
         tail_out.dim(2).set_bounds(0, 2);
@@ -262,20 +278,9 @@ public:
         auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
         Func positions_in = in_batch(positions), tail_slots_in = in_batch(tail_slot_mapping);
         DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
-        // The reference stashes in token order, so the last stash into a ring
-        // slot wins; a token that a later one of its request overwrites
-        // stashes nothing, which leaves the tokens free of order (and of
-        // races) for a schedule.
-        Var tv{"tv"}, bv{"bv"};
-        RDom later(0, next_n, "later");
-        DecodeToken self = decode_token(positions_in, tail_slots_in, tv, bv, ring_math);
-        DecodeToken l = decode_token(positions_in, tail_slots_in, later, bv, ring_math);
-        Func &overwritten = stages.overwritten;
-        overwritten(tv, bv) = Internal::const_false();
-        overwritten(tv, bv) = overwritten(tv, bv) ||
-                              (later > tv && l.stashes && l.block == self.block && l.ring_pos == self.ring_pos);
+        define_overwritten(stages.overwritten, positions_in, tail_slots_in, next_n, ring_math);
         StashDomain stash{r, r.x, r.y, t, b};
-        define_stash(tail, stash, !overwritten(t, b), tok, ring, in_batch(key), in_batch(slot_score));
+        define_stash(tail, stash, !stages.overwritten(t, b), tok, ring, in_batch(key), in_batch(slot_score));
         tail_slot_mapping.dim(0).set_stride(Expr());
         positions.dim(0).set_stride(Expr());
 

@@ -86,9 +86,10 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
     case Kernel::DECODE_WRITE_CACHE:
     case Kernel::DECODE_STASH_TAIL:
     case Kernel::DECODE_UPDATE: {
-        // One token per request takes the one-kernel variant, two the pair.
-        const int64_t N = v.kind == Kernel::DECODE_UPDATE ? 1 : 2;
-        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
+        // Two tokens, so every token loop runs; without a K cache a call
+        // only stashes (decode_stash_tail).
+        const int64_t N = 2, blocks = v.kind == Kernel::DECODE_STASH_TAIL ? 0 : 1;
+        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {blocks, 1, KPOOL_CACHE_ROW_BYTES}),
                            tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}),
                            tsm = tensor(KPOOL_DTYPE_INT32, {1, N}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}),
                            score = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}), ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}),

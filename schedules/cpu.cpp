@@ -122,11 +122,26 @@ void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan) {
     s.overwritten.compute_at(s.tail, s.stash[3]);
 }
 
-// The CPU runs decode as its two kernels: each has requests in parallel
-// already, and a fused kernel would only save a launch, which the CPU does
-// not pay. No CPU variant of kpool_decode_update is built.
-void schedule_decode_update(DecodeUpdateStages &, const BuildPlan &) {
-    throw Halide::CompileError("kpool_decode_update has CUDA schedules only");
+// The CPU runs decode as its two kernels (each has requests in parallel
+// already; a fused kernel would only save a launch, which the CPU does not
+// pay). This schedule is the tests' (kpool_cpu_decode_update_p*): the one
+// GPU kernel's algorithm, a request's completions then its stashes, checked
+// byte for byte against the two kernels.
+void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &plan) {
+    DecodeWriteStages &w = s.write;
+    const int lanes = plan.target.natural_vector_size<float>();
+    RVar request = w.write.z;
+    Stage completions = w.cache.update(0);
+    completions.allow_race_conditions().parallel(request).vectorize(w.write.x, lanes);
+    w.ring_writer.compute_at(w.cache, w.write.y);
+    compute_pool_at(w.compress, w.d, w.j, w.lane, LoopLevel(w.cache, w.write.y), lanes);
+    s.tail.update(0)
+        .allow_race_conditions()
+        .reorder(s.stash.x, s.stash[3], s.stash.y, s.stash.z)
+        .parallel(s.stash.z)
+        .vectorize(s.stash.x, plan.target.natural_vector_size<uint16_t>())
+        .compute_with(completions, request);
+    s.overwritten.compute_at(s.tail, s.stash.y);
 }
 
 void schedule_expand(ExpandStages &s, const BuildPlan &plan) {

@@ -263,22 +263,14 @@ void compute_ring_walk_at(DecodeWriteStages &s, LoopLevel at) {
     s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
 }
 
-// A block per token. The exact arithmetic's pool is the longest chain of a
-// completion (P slots of loads and f64 exps per element), so every element
-// of it is a thread (128, a warp per 32 elements), pooling into shared
-// memory; then the token's lanes (a warp at V = 4) rotate and quantize the
-// row as in compress. Halide skips both for a token whose write condition
-// is false, so the many tokens that complete nothing cost a few loads.
-void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan) {
-    RVar lane{"write_lane"}, v{"write_v"}, tb{"token_block"}, token{"write_token"}, block{"request_token"};
-    s.cache.update(0)
-        .split(s.write.x, lane, v, s.layout.values_per_lane)
-        .split(s.write.y, tb, token, 1)
-        .reorder(v, lane, token, tb, s.write.z)
-        .fuse(tb, s.write.z, block)
-        .gpu_blocks(block)
-        .gpu_lanes(lane)
-        .unroll(v);
+// A completion's pool, each element on a thread of its own: the exact
+// arithmetic's pool is the longest chain of a completion (P slots of loads
+// and f64 exps per element), so every element of it is a thread (128, a
+// warp per 32 elements), pooling into shared memory; then the token's lanes
+// (a warp at V = 4) rotate and quantize the row as in compress. Halide skips
+// both for a token whose write condition is false, so the many tokens that
+// complete nothing cost a few loads.
+void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token) {
     CompressPool &c = s.compress;
     Var dw{"d_warp"}, dl{"d_lane"}, warp{"pool_warp"};
     c.pooled_bf16.compute_at(s.cache, token)
@@ -300,74 +292,70 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan) {
     compute_row_in_warp(c.rotate, s.v, s.lane, LoopLevel(s.cache, token));
 }
 
-// One group of lanes per token (a warp at V = 4), a few tokens of one
-// request per block (all next_n of them would not launch past ~16 tokens at
-// this kernel's register count), each lane pooling its V elements.
-void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan) {
-    RVar lane{"write_lane"}, v{"write_v"}, tb{"token_block"}, ti{"token_in_block"}, block{"request_tokens"};
-    s.cache.update(0)
-        .split(s.write.x, lane, v, s.layout.values_per_lane)
-        .split(s.write.y, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
-        .reorder(v, lane, ti, tb, s.write.z)
-        .fuse(tb, s.write.z, block)
-        .gpu_blocks(block)
-        .gpu_threads(ti)
-        .gpu_lanes(lane)
-        .unroll(v);
+// A completion's pool in its token's lanes (a warp at V = 4), each lane
+// pooling its V elements, slot folds unrolled where registers allow (a
+// decode call is latency-bound: every member's loads in flight at once).
+void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token) {
     compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane));
-    // A decode call is latency-bound: slot folds unrolled where registers
-    // allow, every member's loads in flight at once.
     const int pool_size = *as_const_int(s.compress.pool.slot.x.extent());
     const bool unroll_slots =
         s.compress.pool.arithmetic == Arithmetic::Triton || pool_size <= plan.decode_unrolled_exact_slots;
-    compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, ti), unroll_slots);
+    compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, token), unroll_slots);
 }
 
-// Completions read the ring as it was before the call (ring_writer), so
-// tokens need no ordering here. H200, 512 x 4 tokens, graph replay, exact
-// arithmetic: per element P = 4 9.3 -> 8.7 us, P = 16 22.0 -> 14.0 us; in
-// the triton arithmetic slower (P = 4 6.8 -> 7.9 us), and slower still as
-// a block per request walking its tokens (10.9 us kernel, ncu: a barrier
-// between every stage).
-void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
-    const CudaPlan &plan = plan_for(build);
-    pure_stage_on_gpu(s.cache);
-    s.cache.update(0).allow_race_conditions();
-    if (plan.decode_exact_pool_per_element && s.compress.pool.arithmetic == Arithmetic::Exact) {
-        pool_per_element(s, plan);
-    } else {
-        pool_in_lanes(s, plan);
-    }
-    s.cache.update(0).specialize(s.ring_is_pow2);  // the ring walk by shifts and masks
+// CUDA runs decode as one kernel, kpool_decode_update (below); the two-kernel
+// form is the CPU's.
+void schedule_decode_write(DecodeWriteStages &, const BuildPlan &) {
+    throw CompileError("CUDA runs decode as kpool_decode_update; kpool_decode_write_cache is built for the CPU only");
 }
 
-// One token per request, one kernel: a block per request runs its
-// completion as pool_per_element does (every token of such a call is one
-// block either way), then, in the same block, one warp stashes the token,
-// each lane moving 4 bf16 of both halves. The fused loops are the blocks
-// (compute_with at `request_token`); the completion reads the ring input as
-// it was before the call (the algorithm). No ring_is_pow2 specialization
-// yet: with one (it compiles to two fused kernels) the kernel has not run
-// on a GPU.
+// One launch per decode call: a block per request. First its completions:
+// in the exact arithmetic the tokens in a serial loop, each completion's
+// pool an element per thread (pool_per_element); in the triton arithmetic,
+// whose pool is short, a warp per token, decode_tokens_per_block tokens at a
+// time (pool_in_lanes). Then, after the block barrier that Halide puts
+// between the two loop nests, the stashes: a warp per token, each lane
+// moving 4 bf16 of both halves; a token that a later one overwrites stashes
+// nothing (the algorithm), so stashes need no order. The completions read
+// the ring as it was before the call (the algorithm's ring_writer), so
+// within a request nothing a stash writes is read after it. Fused at the
+// block loop (compute_with at `request`, both RDoms named alike). Completions
+// are rare (one token in P), and a token that completes nothing skips its
+// pool, so the serial loop costs a few loads per token.
 void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     const CudaPlan &plan = plan_for(build);
     DecodeWriteStages &w = s.write;
+    const bool per_element = plan.decode_exact_pool_per_element && w.compress.pool.arithmetic == Arithmetic::Exact;
+    RVar request = w.write.z;
+    RVar lane{"write_lane"}, v{"write_v"}, chunk{"token_chunk"}, token{"write_token"};
     pure_stage_on_gpu(w.cache);
-    w.cache.update(0).allow_race_conditions();
-    pool_per_element(w, plan);
-    RVar lane{"stash_lane"}, v{"stash_v"}, tb{"token_block"}, token{"write_token"}, block{"request_token"};
+    Stage completions = w.cache.update(0);
+    completions.allow_race_conditions()
+        .split(w.write.x, lane, v, w.layout.values_per_lane)
+        .split(w.write.y, chunk, token, per_element ? 1 : plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
+        .reorder(v, lane, token, chunk, request)
+        .gpu_blocks(request)
+        .gpu_lanes(lane)
+        .unroll(v);
+    if (per_element) {
+        pool_per_element(w, plan, token);
+    } else {
+        completions.gpu_threads(token);
+        pool_in_lanes(w, plan, token);
+    }
+    RVar stash_lane{"stash_lane"}, stash_v{"stash_v"}, stash_chunk{"stash_chunk"}, stash_token{"stash_token"};
     pure_stage_on_gpu(s.tail);
     s.tail.update(0)
         .allow_race_conditions()
-        .split(s.stash.x, lane, v, kValuesPerLane)
-        .split(s.stash.y, tb, token, 1)
-        .reorder(v, s.stash[3], lane, token, tb, s.stash.z)
-        .fuse(tb, s.stash.z, block)
-        .gpu_blocks(block)
-        .gpu_threads(lane)
+        .split(s.stash.x, stash_lane, stash_v, kValuesPerLane)
+        .split(s.stash.y, stash_chunk, stash_token, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
+        .reorder(stash_v, s.stash[3], stash_lane, stash_token, stash_chunk, s.stash.z)
+        .gpu_blocks(s.stash.z)
+        .gpu_threads(stash_lane, stash_token)
         .unroll(s.stash[3])
-        .vectorize(v)
-        .compute_with(w.cache.update(0), block);
+        .vectorize(stash_v)
+        .compute_with(completions, request);
+    s.overwritten.compute_at(s.tail, stash_lane);  // each thread its token's
 }
 
 // Every token of a request's block of tokens is a warp, each lane moving 4

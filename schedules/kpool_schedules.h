@@ -89,17 +89,17 @@ struct DecodeWriteStages {
 struct DecodeStashStages {
     Func tail;
     RDom stash;        // (d, half, token, request)
-    Func overwritten;  // (token, request): a later token stashes into the same ring slot
+    Func overwritten{"overwritten"};  // (token, request): a later token stashes into the same ring slot
     Expr ring_is_pow2;
 };
 
-// Decode with one token per request: the completions (`write`) and the
-// stash (`tail` over `stash`: (d, token, request, half), ordered as `write`)
-// in one kernel.
+// Decode in one kernel: the completions (`write`) and the stashes (`tail`
+// over `stash`: (d, token, request, half), named and ordered as `write`).
 struct DecodeUpdateStages {
     DecodeWriteStages write;
     Func tail;
     RDom stash;
+    Func overwritten{"overwritten"};  // (token, request): a later token stashes into the same ring slot
 };
 
 // The expand family: one int32 output over (col, row).

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <utility>
 
 namespace kpool_test {
 
@@ -163,9 +164,14 @@ HostTensor normal_tail(std::mt19937 &rng, int64_t tail_blocks, int64_t ring, boo
 
 DecodeCase::DecodeCase(Device &gpu, std::mt19937 &rng, int64_t B, int64_t N, int P, int64_t ring,
                        int64_t tail_blocks, int64_t num_blocks, int64_t block_size, bool padded)
+    : DecodeCase(gpu, rng, make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size), ring,
+                 tail_blocks, num_blocks, block_size, padded) {}
+
+DecodeCase::DecodeCase(Device &gpu, std::mt19937 &rng, DecodeInputs inputs, int64_t ring, int64_t tail_blocks,
+                       int64_t num_blocks, int64_t block_size, bool padded)
     : cache0(random_bytes_like(rng, make_kv_cache(num_blocks, block_size, padded))),
       tail0(normal_tail(rng, tail_blocks, ring, padded)),
-      in(make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size)),
+      in(std::move(inputs)),
       cache(gpu, cache0),
       tail(gpu, tail0),
       tail_slot_mapping(gpu, in.tail_slot_mapping),

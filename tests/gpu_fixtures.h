@@ -14,13 +14,14 @@
 //   test_gpu_fwht.cpp      GpuFwht
 //   test_gpu_compress.cpp  GpuCompress, GpuTritonArithmetic
 //   test_gpu_seed.cpp      GpuSeed
-//   test_gpu_decode.cpp    GpuDecode, GpuDecodeManyRequests
+//   test_gpu_decode.cpp    GpuDecode, GpuDecodeManyRequests,
+//                          GpuDecodeSharedTailBlock
 //   test_gpu_expand.cpp    GpuExpandAndAppend, GpuExpandToTokens, GpuAppendTail,
 //                          GpuExpandManyRows
 //                          engine-shaped random inputs for every op and the
 //                          axes an engine varies (pool sizes 4, 8, 16: the CUDA
-//                          variants built; decode at next_n = 1 runs its
-//                          one-kernel variant); *Many*: 70000 requests / rows,
+//                          variants built; decode runs as one kernel for
+//                          every next_n); *Many*: 70000 requests / rows,
 //                          past grid y's 65535.
 //   test_gpu_streams.cpp   GpuWarmUp: kpool_cuda_warm_up, then a first call
 //                          captured in a graph. GpuGraph: a decode and a
@@ -183,6 +184,9 @@ struct CompressCase {
 // for B requests of N tokens; cache0 and tail0 are their bytes before any call.
 struct DecodeCase {
     DecodeCase(Device &gpu, std::mt19937 &rng, int64_t B, int64_t N, int P, int64_t ring, int64_t tail_blocks,
+               int64_t num_blocks, int64_t block_size, bool padded);
+    // The same with inputs of the test's own.
+    DecodeCase(Device &gpu, std::mt19937 &rng, DecodeInputs inputs, int64_t ring, int64_t tail_blocks,
                int64_t num_blocks, int64_t block_size, bool padded);
     // kpool_decode_update_and_maybe_write_cache_batched on side `s`.
     kpool_status_code call(Side s, int P, bool round_scale, const kpool_exec *exec, kpool_status *status) const;

@@ -1,6 +1,8 @@
-// decode_update_and_maybe_write_cache_batched on the GPU against the CPU, bit
-// for bit: GpuDecode over the axes an engine varies, GpuDecodeManyRequests
-// past grid y.
+// decode_update_and_maybe_write_cache_batched on the GPU (one kernel: a
+// block per request, its completions, then its stashes) against the CPU (two
+// kernels), bit for bit: GpuDecode over the axes an engine varies,
+// GpuDecodeManyRequests past grid y, GpuDecodeSharedTailBlock the
+// cross-request rule of docs/behaviour.md.
 #include <algorithm>
 #include <random>
 #include <string>
@@ -15,15 +17,15 @@ using ::testing::Combine;
 using ::testing::Values;
 using ::testing::ValuesIn;
 
-// decode: P x RING (P, 2P) x next_n 1..6; page size, padding and
-// round_scale vary with next_n.
+// decode: P x RING (P, 2P, 3P) x next_n 1..8 and 20 (past P: a ring slot
+// stashed several times in one call, completions reading earlier tokens'
+// stashes); page size, padding and round_scale vary with next_n.
 using GpuDecodeParam = std::tuple<int, int, int>;
 class GpuDecode : public GpuParamTest<GpuDecodeParam> {};
 
 TEST_P(GpuDecode, MatchesCpu) {
     const auto [P, ring_mult, N] = GetParam();
-    // One token per request runs decode's one-kernel variant on CUDA: more
-    // requests there, so that several complete a pool.
+    // One token per request: more requests, so that several complete a pool.
     const int64_t ring = int64_t(P) * ring_mult, B = N == 1 ? 64 : 5, tail_blocks = B + 4;
     const bool padded = N % 2 == 0;
     const bool round_scale = N % 3 != 0;
@@ -47,19 +49,19 @@ TEST_P(GpuDecode, MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecode,
-                         Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 3), Values(1, 2, 3, 4, 5, 6)),
+                         Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 3), Values(1, 2, 3, 4, 5, 6, 7, 8, 20)),
                          [](const auto &info) {
                              return "P" + std::to_string(std::get<0>(info.param)) + "_ring" +
                                     std::to_string(std::get<1>(info.param)) + "P_n" +
                                     std::to_string(std::get<2>(info.param));
                          });
 
-// More requests than CUDA's grid y holds (65535): the decode kernels put
-// blocks of all requests' tokens in grid x, so this launches and matches.
+// More requests than CUDA's grid y holds (65535): the decode kernel's
+// blocks (one per request) are in grid x, so this launches and matches.
 class GpuDecodeManyRequests : public GpuTest {};
 
 TEST_F(GpuDecodeManyRequests, MoreRequestsThanGridYHolds) {
-    for (const int N : {1, 2}) {  // the one-kernel variant, and the pair
+    for (const int N : {1, 2}) {
         SCOPED_TRACE("next_n " + std::to_string(N));
         const int P = kGpuPoolSizes[0], block_size = 64;
         const int64_t ring = 2 * P, B = 70000, tail_blocks = B + 4;
@@ -72,6 +74,75 @@ TEST_F(GpuDecodeManyRequests, MoreRequestsThanGridYHolds) {
         EXPECT_TRUE(d.cache.cpu().bytes() != d.cache0.bytes()) << "the test completed no pool";
     }
 }
+
+// Two requests of one call sharing a tail block (docs/behaviour.md, "Across
+// the requests of a decode call"): request 0 completes the pool of ring
+// slots [0, P) at position P - 1, request 1 runs N tokens at positions
+// `other_start`..: ring slots other_start % RING on.
+struct SharedTailBlock {
+    static constexpr int64_t kBlockSize = 16, kNumBlocks = 4, kTailBlocks = 2;
+    SharedTailBlock(Device &gpu, int P, int64_t N, int64_t ring, int64_t other_start)
+        : rng(9100 + P * 13 + N), d(gpu, rng, inputs(P, N, ring, other_start), ring, kTailBlocks, kNumBlocks,
+                                    kBlockSize, /*padded=*/false) {}
+    DecodeInputs inputs(int P, int64_t N, int64_t ring, int64_t other_start) {
+        DecodeInputs in = make_decode_tensors(rng, 2, N, P);
+        for (int64_t t = 0; t < N; ++t) {
+            const int64_t own = P - N + t, other = other_start + t;  // positions; request 0 ends at P - 1
+            in.positions.set<int32_t>({0, t}, int32_t(own));
+            in.positions.set<int32_t>({1, t}, int32_t(other));
+            in.tail_slot_mapping.set<int32_t>({0, t}, int32_t(own % ring));  // tail block 0, both
+            in.tail_slot_mapping.set<int32_t>({1, t}, int32_t(other % ring));
+            in.slot_mapping.set<int32_t>({0, t}, own % P == P - 1 ? int32_t(kCompletionSlot) : -1);
+            in.slot_mapping.set<int32_t>({1, t}, other % P == P - 1 ? int32_t(kCompletionSlot + 1) : -1);
+        }
+        return in;
+    }
+    static constexpr int64_t kCompletionSlot = 5;  // request 0's row; request 1's, if it completes, the next
+    std::mt19937 rng;
+    DecodeCase d;
+};
+
+class GpuDecodeSharedTailBlock : public GpuParamTest<int> {};
+
+// Disjoint ring slots (RING = 4P; request 1 at [2P, 3P)): nothing either
+// request reads is written by the other, so the result is the reference's.
+TEST_P(GpuDecodeSharedTailBlock, DisjointSlotsMatchTheCpu) {
+    const int P = GetParam();
+    for (const int64_t N : {int64_t(1), int64_t(2), int64_t(P)}) {
+        SCOPED_TRACE("next_n " + std::to_string(N));
+        SharedTailBlock c(gpu(), P, N, 4 * P, 3 * P - N);
+        run_both([&](Side s, const kpool_exec *ex, kpool_status *st) { return c.d.call(s, P, true, ex, st); },
+                 {{"kv_cache", &c.d.cache}, {"tail_kv_cache", &c.d.tail}});
+        EXPECT_TRUE(c.d.cache.cpu().bytes() != c.d.cache0.bytes()) << "the test completed no pool";
+    }
+}
+
+// Request 1 stashes into ring slots [0, N) that request 0's completion reads
+// (RING = 2P, request 1 at [2P, 2P + N)): that completion's row may hold
+// either value of each element (the one-kernel exception), and it is the
+// only byte left open: the ring and every other cache byte are the CPU's.
+TEST_P(GpuDecodeSharedTailBlock, ReadingAnothersStashLeavesOnlyThatRowOpen) {
+    const int P = GetParam();
+    const int64_t N = P / 2;  // request 0 reads slots [0, P - N) from the ring
+    SharedTailBlock c(gpu(), P, N, 2 * P, 2 * P);
+    run_both([&](Side s, const kpool_exec *ex, kpool_status *st) { return c.d.call(s, P, true, ex, st); },
+             {{"tail_kv_cache", &c.d.tail}});
+    c.d.cache.download();
+    std::vector<uint8_t> expected = c.d.cache.cpu().bytes(), got = c.d.cache.gpu_host();
+    const int64_t page_stride = c.d.cache.cpu().strides()[0], slot = SharedTailBlock::kCompletionSlot;
+    const int64_t page = slot / SharedTailBlock::kBlockSize, row = slot % SharedTailBlock::kBlockSize;
+    const int64_t codes_at = page * page_stride + row * kD,
+                  scale_at = page * page_stride + SharedTailBlock::kBlockSize * kD + row * 4;
+    EXPECT_TRUE(expected != c.d.cache0.bytes()) << "the CPU completed no pool";
+    for (int64_t at : {codes_at, scale_at}) {  // the open row: the GPU's bytes there are allowed
+        const int64_t n = at == codes_at ? kD : 4;
+        std::copy_n(got.begin() + at, n, expected.begin() + at);
+    }
+    EXPECT_TRUE(same_bytes("kv_cache outside request 0's completion (GPU vs CPU)", expected, got));
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecodeSharedTailBlock, ValuesIn(kGpuPoolSizes),
+                         [](const auto &info) { return "P" + std::to_string(info.param); });
 
 }  // namespace
 }  // namespace kpool_test

@@ -56,10 +56,10 @@ int64_t decode_update_and_maybe_write_cache_batched(
     for (HalideBuffer *b : {&t, &ts, &k, &s, &a, &sm, &pos, &cache.codes, &cache.scales}) {
         where.attach(*b);
     }
-    // Completions read the ring as it was before this call's stashes.
-    // One token per request: one kernel does both where the device has
-    // it (a token's stash is never a slot of its own pool).
-    if (key.dim(1) == 1 && kv_cache.numel() > 0 && where.has_kernel(Kernel::DECODE_UPDATE, pool_size, "bf16")) {
+    // Completions read the ring as it was before this call's stashes. A
+    // device runs both in one kernel (a request's completions, then its
+    // stashes), the CPU as two.
+    if (kv_cache.numel() > 0 && where.has_kernel(Kernel::DECODE_UPDATE, pool_size, "bf16")) {
         HalideBuffer t_out = wrap_tail(tail);
         where.launch(Kernel::DECODE_UPDATE, op, pool_size, "bf16", t.raw_buffer(), ts.raw_buffer(),
                      k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(), pos.raw_buffer(),
@@ -67,7 +67,8 @@ int64_t decode_update_and_maybe_write_cache_batched(
                      where.attach(t_out).raw_buffer());
         return skipped;
     }
-    // Otherwise two kernels, in this order on the caller's stream.
+    // Otherwise two kernels, in this order on the caller's stream (without
+    // a K cache, only the stashes).
     if (kv_cache.numel() > 0) {
         where.launch(Kernel::DECODE_WRITE_CACHE, op, pool_size, "bf16", t.raw_buffer(), ts.raw_buffer(),
                      k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(), pos.raw_buffer(),
