@@ -2,7 +2,7 @@
 // ue8m0 scale -> e4m3 codes. Two generators: one over elements (any
 // strides), and one over words (CUDA: rows aligned to 8-byte words of 4 bf16
 // in and 4-byte words of 4 codes out, one load and one store per 4 values).
-#include "kpool_schedules.h"
+#include "kpool_stages.h"
 
 namespace kpool {
 
@@ -14,9 +14,9 @@ namespace {
 // scale is always ue8m0, so the quotient is the same in both arithmetics
 // (kpool_numerics.h): one kernel serves both.
 void define_rotation(FwhtStages &s, Func x, const BuildPlan &plan) {
-    s.layout = row_layout(plan, {RowKernel::Kind::Fwht});
-    s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, s.layout, Expr(true), PoolArithmetic{},
-                               e4m3_encoder(plan));
+    const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Fwht});
+    s.layout = decided.layout;
+    s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, s.layout, Expr(true), PoolArithmetic{}, decided.e4m3);
 }
 
 // Both views of a (codes, scale) output share the first's bounds; the

@@ -1,7 +1,7 @@
 // kpool_compress_and_write_cache: softmax-pool P tokens per pool, rotate,
 // quantize; one generator writes the rows into the paged K cache at `loc`,
 // the other returns them (return_compressed). The runtime calls one or both.
-#include "kpool_schedules.h"
+#include "kpool_stages.h"
 
 namespace kpool {
 
@@ -47,10 +47,10 @@ protected:
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         const BuildPlan plan{this->get_target(), gpu};
         const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
-        s.layout = row_layout(plan, {RowKernel::Kind::Compress, arith});
+        const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Compress, arith});
+        s.layout = decided.layout;
         return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
-                             {arith, rounding_barrier(slot_k.dim(2).stride()), exp_branches(plan)},
-                             e4m3_encoder(plan));
+                             {arith, rounding_barrier(slot_k.dim(2).stride()), decided.exp_branches}, decided.e4m3);
     }
 };
 

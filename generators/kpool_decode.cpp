@@ -9,7 +9,7 @@
 //     token order per request (the last stash of a slot wins).
 // Both definitions are free of token order, so any schedule that runs a
 // request's completions before its stashes gives the reference's bytes.
-#include "kpool_schedules.h"
+#include "kpool_stages.h"
 
 namespace kpool {
 
@@ -120,10 +120,11 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     member_key(s.d, s.j, t, b) = member(key_in, 0);
     member_score(s.d, s.j, t, b) = member(score_in, 1);
     const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
-    s.layout = row_layout(plan, {RowKernel::Kind::Decode, arith});
+    const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Decode, arith});
+    s.layout = decided.layout;
     s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
-                               in.round_scale, {arith, rounding_barrier(in.key.dim(2).stride()), exp_branches(plan)},
-                               e4m3_encoder(plan));
+                               in.round_scale, {arith, rounding_barrier(in.key.dim(2).stride()), decided.exp_branches},
+                               decided.e4m3);
 
     // A completion needs a tail block: with tail_slot < 0 the reference
     // would read block 0 (another request's); we write nothing and the

@@ -1,7 +1,7 @@
 // The pool-level top-k helpers: selected pool ids -> token ids (optionally
 // through a page table or plus per-row offsets), and the request's trailing
 // incomplete pool appended after them.
-#include "kpool_schedules.h"
+#include "kpool_stages.h"
 
 namespace kpool {
 

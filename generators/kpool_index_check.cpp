@@ -4,7 +4,7 @@
 // synchronize): its kernels skip those writes, and, when the caller asks for
 // it (kpool_exec.index_errors), this kernel marks the argument in a word of
 // device memory the caller reads when it chooses to.
-#include "kpool_schedules.h"
+#include "kpool_stages.h"
 
 namespace kpool {
 

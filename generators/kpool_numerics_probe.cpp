@@ -1,7 +1,7 @@
 // Test-only kernel: the shared numerics applied elementwise to f32 inputs,
 // so the tests can check the Halide encoders exhaustively against the scalar
 // reference. It is built from the same kpool_numerics.cpp as every kernel.
-#include "kpool_schedules.h"
+#include "kpool_stages.h"
 
 namespace kpool {
 

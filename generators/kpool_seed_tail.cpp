@@ -1,6 +1,6 @@
 // kpool_seed_tail_cache: copy each request's last P prefill tokens (raw K and
 // gate score) into its tail ring.
-#include "kpool_schedules.h"
+#include "kpool_stages.h"
 
 namespace kpool {
 
@@ -39,7 +39,7 @@ public:
         // Token i = group * G + member: consecutive tokens in different
         // members, which a schedule may run side by side (a request's last P
         // tokens are consecutive). Tokens past n are not seeded.
-        const int G = seed_group_size({get_target(), gpu});
+        const int G = schedule_decisions({get_target(), gpu}, {KernelAsked::Kind::SeedTail}).seed_group_size;
         RDom &r = stages.copy;
         r = RDom(0, kHeadDim, 0, 2, 0, G, 0, (n + G - 1) / G, "copy");
         Expr i = r[3] * G + r.z;

@@ -8,7 +8,7 @@
 
 namespace kpool::cpu {
 
-RowLayout row_layout(const BuildPlan &, const RowKernel &) { return RowLayout{1}; }
+RowLayout row_layout(const BuildPlan &, const KernelAsked &) { return RowLayout{1}; }
 
 using namespace Halide;
 

@@ -1,7 +1,7 @@
 // The host-CPU schedule family.
 #pragma once
 
-#include "kpool_schedules.h"
+#include "kpool_stages.h"
 
 namespace kpool::cpu {
 

@@ -144,24 +144,26 @@ void rows_in_lanes(Func out, const Var &x, const Var &row, const Var &lane, cons
 
 }  // namespace
 
-RowLayout row_layout(const BuildPlan &build, const RowKernel &kernel) {
+RowLayout row_layout(const BuildPlan &build, const KernelAsked &kernel) {
     const CudaPlan &plan = plan_for(build);
     int values = 0;
     switch (kernel.kind) {
-    case RowKernel::Kind::Fwht:
+    case KernelAsked::Kind::Fwht:
         values = plan.fwht_values;
         break;
-    case RowKernel::Kind::Compress:
+    case KernelAsked::Kind::Compress:
         values = kernel.arithmetic == Arithmetic::Triton ? plan.compress_triton_values : plan.compress_values;
         break;
-    case RowKernel::Kind::Decode:
+    case KernelAsked::Kind::Decode:
         values = plan.decode_values;
+        break;
+    case KernelAsked::Kind::SeedTail:  // not a row kernel
         break;
     }
     if (values != 4 && values != 8 && values != 16 && values != 32) {
         throw CompileError("CUDA plan " + build.gpu + ": values per lane must be 4, 8, 16 or 32");
     }
-    const int run = kernel.kind == RowKernel::Kind::Fwht ? plan.fwht_run : values;
+    const int run = kernel.kind == KernelAsked::Kind::Fwht ? plan.fwht_run : values;
     return RowLayout{values, /*partner_by_index=*/true, run};
 }
 

@@ -1,7 +1,7 @@
 // The CUDA schedule family, tuned per GPU (plans in cuda.cpp).
 #pragma once
 
-#include "kpool_schedules.h"
+#include "kpool_stages.h"
 
 namespace kpool::cuda {
 

@@ -1,5 +1,5 @@
 // Picks the schedule family for the target a generator is built for.
-#include "kpool_schedules.h"
+#include "kpool_stages.h"
 
 #include "cpu.h"
 #include "cuda.h"
@@ -7,22 +7,17 @@
 namespace kpool {
 
 // A CPU build that names a GPU family gets that family's layout: the tests
-// run the GPU layouts' algorithms on the CPU (tests/test_gpu_layouts.cpp).
-RowLayout row_layout(const BuildPlan &plan, const RowKernel &kernel) {
-    return plan.target.has_feature(Target::CUDA) || !plan.gpu.empty() ? cuda::row_layout(plan, kernel)
-                                                                      : cpu::row_layout(plan, kernel);
-}
-
-int seed_group_size(const BuildPlan &plan) {
-    return plan.target.has_feature(Target::CUDA) ? cuda::seed_group_size(plan) : 1;
-}
-
-bool exp_branches(const BuildPlan &plan) {
-    return plan.target.has_feature(Target::CUDA);
-}
-
-E4m3Encoder e4m3_encoder(const BuildPlan &plan) {
-    return plan.target.has_feature(Target::CUDA) ? cuda::e4m3_encoder(plan) : E4m3Encoder::Integer;
+// run the GPU layouts' algorithms on the CPU (tests/test_layouts.cpp).
+ScheduleDecisions schedule_decisions(const BuildPlan &plan, const KernelAsked &kernel) {
+    const bool cuda = plan.target.has_feature(Target::CUDA);
+    ScheduleDecisions d;
+    if (kernel.is_row_kernel()) {
+        d.layout = cuda || !plan.gpu.empty() ? cuda::row_layout(plan, kernel) : cpu::row_layout(plan, kernel);
+    }
+    d.exp_branches = cuda;
+    d.e4m3 = cuda ? cuda::e4m3_encoder(plan) : E4m3Encoder::Integer;
+    d.seed_group_size = cuda ? cuda::seed_group_size(plan) : 1;
+    return d;
 }
 
 #define KPOOL_DISPATCH(name, Stages)                                    \

@@ -1,8 +1,11 @@
-// Schedules of every kpool kernel, one implementation file per target family:
-// cpu.cpp for the host CPU, cuda.cpp for CUDA (one plan per GPU family, sm80
-// and sm90; BuildPlan::gpu says which). A generator states its algorithm,
-// gathers the stages below and hands them to schedule_*(), which picks the
-// family from the target it is built for (kpool_schedules.cpp).
+// What a generator's algorithm and its schedule share: the stages each
+// algorithm defines (one struct per kernel, the Funcs, Vars and RDoms a
+// schedule places), what the algorithm asks of the schedule before it is
+// written (ScheduleDecisions), and the schedule_*() hooks. The algorithms
+// (generators/) state the math only and include nothing from schedules/;
+// the schedule families (schedules/: cpu.cpp for the host CPU, cuda.cpp for
+// CUDA, one plan per GPU family) implement the hooks, and
+// schedules/kpool_schedules.cpp picks the family from the target.
 #pragma once
 
 #include <string>
@@ -23,23 +26,32 @@ struct BuildPlan {
     std::string gpu;  // "", "sm80", "sm90"
 };
 
-// The row kernel a layout is asked for: a family may spread rows over lanes
-// differently per kernel (more values per lane: fewer instructions per
-// element, more registers per lane).
-struct RowKernel {
-    enum class Kind { Fwht, Compress, Decode } kind;
+// The kernel a generator asks its decisions for.
+struct KernelAsked {
+    enum class Kind { Fwht, Compress, Decode, SeedTail } kind;
     Arithmetic arithmetic = Arithmetic::Exact;
+    bool is_row_kernel() const { return kind != Kind::SeedTail; }
 };
 
-// The row layout (lanes x values) a family's schedule of `kernel` is written
-// for. A generator builds its algorithm for it and keeps it in its stages,
-// where the schedule reads it back.
-RowLayout row_layout(const BuildPlan &plan, const RowKernel &kernel);
-// Whether exp's exact path is a branch taken only where needed (GPU threads)
-// rather than computed for every element and selected (vector CPU code).
-bool exp_branches(const BuildPlan &plan);
-// How the family's kernels encode e4m3 (sm_90's instruction, or integer bits).
-E4m3Encoder e4m3_encoder(const BuildPlan &plan);
+// What a family's schedule decides that an algorithm is written for, asked
+// once per kernel before the algorithm is defined: the algorithm takes each
+// as an explicit parameter.
+struct ScheduleDecisions {
+    // The row layout (lanes x values in runs) of a row kernel (fwht,
+    // compress, decode; a row is a query row or a pool):
+    // a family may spread rows over lanes differently per kernel (more
+    // values per lane: fewer instructions per element, more registers).
+    RowLayout layout;
+    // Whether exp's exact path is a branch taken only where needed (GPU
+    // threads) rather than computed for every element and selected (vector
+    // CPU code).
+    bool exp_branches = false;
+    // How the family encodes e4m3 (sm_90's instruction, or integer bits).
+    E4m3Encoder e4m3 = E4m3Encoder::Integer;
+    // Tokens per group of the seed copy's RDom (the warps of a GPU block).
+    int seed_group_size = 1;
+};
+ScheduleDecisions schedule_decisions(const BuildPlan &plan, const KernelAsked &kernel);
 
 struct FwhtStages {
     Var d{"d"}, row{"row"}, v{"v"}, lane{"lane"}, word{"word"};
@@ -71,8 +83,6 @@ struct SeedTailStages {
     Func tail;
     RDom copy;  // (d, half, member, group): token group * G + member
 };
-// G of the seed copy's token groups (seed_tail's RDom).
-int seed_group_size(const BuildPlan &plan);
 
 // Decode: completions written to the cache over `write`
 // (d, token, request), then stashes into the ring.
