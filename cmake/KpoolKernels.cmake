@@ -1,4 +1,5 @@
-# kpool_add_kernel(<function> GENERATOR <gen> DEVICE <cpu|sm80|sm90> [PARAMS k=v ...])
+# kpool_add_kernel(<function> GENERATOR <gen> DEVICE <cpu|sm80|sm90> [PARAMS k=v ...]
+#                  [AUTOSCHEDULER Halide::<name>])
 #
 # One ahead-of-time kernel variant: a static library whose function is
 # <function>, built from generator <gen> of kpool_generators for the host CPU
@@ -6,7 +7,7 @@
 # the one Halide runtime (kpool_halide_runtime). Every variant is recorded in
 # KPOOL_KERNEL_LIBS, and in the dispatch table when it carries a VARIANT line.
 function(kpool_add_kernel function)
-    cmake_parse_arguments(ARG "" "GENERATOR;VARIANT;DEVICE" "PARAMS" ${ARGN})
+    cmake_parse_arguments(ARG "" "GENERATOR;VARIANT;DEVICE;AUTOSCHEDULER" "PARAMS" ${ARGN})
     if (ARG_DEVICE STREQUAL "cpu")
         set(features ${KPOOL_CPU_FEATURES})
         set(params ${ARG_PARAMS})
@@ -17,6 +18,10 @@ function(kpool_add_kernel function)
     set(extra_outputs)
     if (KPOOL_INSPECT)
         set(extra_outputs STMT_HTML ASSEMBLY)
+    endif ()
+    if (ARG_AUTOSCHEDULER)
+        # The generator's schedule() steps aside; the plugin schedules it.
+        list(APPEND extra_outputs AUTOSCHEDULER ${ARG_AUTOSCHEDULER})
     endif ()
     add_halide_library(${function} FROM kpool_generators
                        GENERATOR ${ARG_GENERATOR}

@@ -50,6 +50,11 @@ public:
     }
 
     void schedule() {
+        q.set_estimates({{0, kHeadDim}, {0, estimate::kRows}});
+        quantized.set_estimates({{0, kHeadDim}, {0, estimate::kRows}});
+        if (using_autoscheduler()) {
+            return;
+        }
         stages.out = quantized;
         schedule_fwht(stages, {get_target(), gpu});
     }
@@ -89,6 +94,11 @@ public:
     }
 
     void schedule() {
+        q.set_estimates({{0, kWords}, {0, estimate::kRows}});
+        quantized.set_estimates({{0, kWords}, {0, estimate::kRows}});
+        if (using_autoscheduler()) {
+            return;
+        }
         stages.out = quantized;
         schedule_fwht(stages, {get_target(), gpu});
     }

@@ -37,6 +37,16 @@ public:
     GeneratorInput<bool> round_scale{"round_scale"};
 
 protected:
+    // The inputs' estimates; true where an autoscheduler schedules instead.
+    bool estimate_inputs() {
+        using namespace estimate;
+        slot_k.set_estimates({{0, kHeadDim}, {0, pool_size}, {0, kPools}});
+        slot_score.set_estimates({{0, kHeadDim}, {0, pool_size}, {0, kPools}});
+        ape.set_estimates({{0, kHeadDim}, {0, pool_size}});
+        round_scale.set_estimate(true);
+        return this->using_autoscheduler();
+    }
+
     template <typename Stages>
     CompressPool define_compress(Stages &s) {
         Var d = s.d, j = s.j, pool = s.pool;
@@ -89,6 +99,13 @@ public:
     }
 
     void schedule() {
+        using namespace estimate;
+        loc.set_estimates({{0, kPools}});
+        write_mask.set_estimates({{0, kPools}});
+        cache.set_estimates({{0, kHeadDim}, {0, kBlockSize}, {0, kCacheBlocks}});
+        if (estimate_inputs()) {
+            return;
+        }
         stages.cache = cache;
         schedule_compress_to_cache(stages, {get_target(), gpu});
     }
@@ -115,6 +132,10 @@ public:
     }
 
     void schedule() {
+        compressed.set_estimates({{0, kHeadDim}, {0, estimate::kPools}});
+        if (estimate_inputs()) {
+            return;
+        }
         stages.out = compressed;
         schedule_compress_to_rows(stages, {get_target(), gpu});
     }

@@ -74,7 +74,24 @@ struct DecodeWriteArguments {
     GeneratorInput<Buffer<int32_t, 2>> slot_mapping{"slot_mapping"};
     GeneratorInput<Buffer<int32_t, 2>> positions{"positions"};
     GeneratorInput<bool> round_scale{"round_scale"};
+
+    void set_estimates(int P) {
+        using namespace estimate;
+        tail.set_estimates({{0, kHeadDim}, {0, P}, {0, 2}, {0, kTailBlocks}});
+        for (auto *per_token : {&tail_slot_mapping, &slot_mapping, &positions}) {
+            per_token->set_estimates({{0, kNextN}, {0, kRequests}});
+        }
+        key.set_estimates({{0, kHeadDim}, {0, kNextN}, {0, kRequests}});
+        slot_score.set_estimates({{0, kHeadDim}, {0, kNextN}, {0, kRequests}});
+        ape.set_estimates({{0, kHeadDim}, {0, P}});
+        round_scale.set_estimate(true);
+    }
 };
+
+// The K cache's estimate (kpool_stages.h).
+Region cache_estimate() {
+    return {{0, kHeadDim}, {0, estimate::kBlockSize}, {0, estimate::kCacheBlocks}};
+}
 
 // Every completing token's pool, compressed and written into `cache` (the K
 // cache in place, as (codes, scales) views) over s.write: (d, token, request).
@@ -198,6 +215,11 @@ public:
     void generate() { define_completions(stages, in, cache, pool_size, {get_target(), gpu}, arithmetic); }
 
     void schedule() {
+        in.set_estimates(pool_size);
+        cache.set_estimates(cache_estimate());
+        if (using_autoscheduler()) {
+            return;
+        }
         stages.cache = cache;
         schedule_decode_write(stages, {get_target(), gpu});
     }
@@ -246,6 +268,12 @@ public:
     }
 
     void schedule() {
+        in.set_estimates(pool_size);
+        cache.set_estimates(cache_estimate());
+        tail_out.set_estimates({{0, kHeadDim}, {0, pool_size}, {0, 2}, {0, estimate::kTailBlocks}});
+        if (using_autoscheduler()) {
+            return;
+        }
         stages.write.cache = cache;
         stages.tail = tail_out;
         schedule_decode_update(stages, {get_target(), gpu});
@@ -293,6 +321,16 @@ public:
     }
 
     void schedule() {
+        using namespace estimate;
+        for (auto *per_token : {&tail_slot_mapping, &positions}) {
+            per_token->set_estimates({{0, kNextN}, {0, kRequests}});
+        }
+        key.set_estimates({{0, kHeadDim}, {0, kNextN}, {0, kRequests}});
+        slot_score.set_estimates({{0, kHeadDim}, {0, kNextN}, {0, kRequests}});
+        tail.set_estimates({{0, kHeadDim}, {0, kPoolSize}, {0, 2}, {0, kTailBlocks}});
+        if (using_autoscheduler()) {
+            return;
+        }
         stages.tail = tail;
         schedule_decode_stash(stages, {get_target(), gpu});
     }

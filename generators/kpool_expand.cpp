@@ -73,7 +73,19 @@ public:
         stages.pool_size = pool_size;
     }
 
-    void schedule() { schedule_expand(stages, {get_target(), gpu}); }
+    void schedule() {
+        using namespace estimate;
+        pool_ids.set_estimates({{0, kTopk / kPoolSize}, {0, kExpandRows}});
+        groups.set_estimate(kTopk / kPoolSize);
+        seq_lens.set_estimates({{0, kExpandRows}});
+        pool_size.set_estimate(kPoolSize);
+        bound_pool_ids.set_estimate(true);
+        out.set_estimates({{0, kTopk + kPoolSize - 1}, {0, kExpandRows}});
+        if (using_autoscheduler()) {
+            return;
+        }
+        schedule_expand(stages, {get_target(), gpu});
+    }
 
 private:
     ExpandStages stages{ExpandStages::Kind::PoolsAndAppendTail};
@@ -107,7 +119,20 @@ public:
         stages.pool_size = pool_size;
     }
 
-    void schedule() { schedule_expand(stages, {get_target(), gpu}); }
+    void schedule() {
+        using namespace estimate;
+        group_ids.set_estimates({{0, kTopk / kPoolSize}, {0, kExpandRows}});
+        group_valid.set_estimates({{0, kTopk / kPoolSize}, {0, kExpandRows}});
+        page_table.set_estimates({{0, kSeqLen}, {0, kExpandRows}});
+        topk_offsets.set_estimates({{0, kExpandRows}});
+        token_map.set_estimate(0);
+        pool_size.set_estimate(kPoolSize);
+        out.set_estimates({{0, kTopk}, {0, kExpandRows}});
+        if (using_autoscheduler()) {
+            return;
+        }
+        schedule_expand(stages, {get_target(), gpu});
+    }
 
 private:
     ExpandStages stages{ExpandStages::Kind::PoolsToTokens};
@@ -145,7 +170,22 @@ public:
         stages.pool_size = pool_size;
     }
 
-    void schedule() { schedule_expand(stages, {get_target(), gpu}); }
+    void schedule() {
+        using namespace estimate;
+        topk_result.set_estimates({{0, kTopk}, {0, kExpandRows}});
+        history_cols.set_estimate(kTopk);
+        seq_lens.set_estimates({{0, kExpandRows}});
+        pool_lens.set_estimates({{0, kExpandRows}});
+        page_table.set_estimates({{0, kSeqLen}, {0, kExpandRows}});
+        topk_offsets.set_estimates({{0, kExpandRows}});
+        token_map.set_estimate(0);
+        pool_size.set_estimate(kPoolSize);
+        out.set_estimates({{0, kTopk + kPoolSize - 1}, {0, kExpandRows}});
+        if (using_autoscheduler()) {
+            return;
+        }
+        schedule_expand(stages, {get_target(), gpu});
+    }
 
 private:
     ExpandStages stages{ExpandStages::Kind::AppendTail};

@@ -39,7 +39,17 @@ public:
         stages.mark = mark;
     }
 
-    void schedule() { schedule_index_check(stages, {get_target(), gpu}); }
+    void schedule() {
+        using namespace estimate;
+        index.set_estimates({{0, kNextN}, {0, kRequests}});
+        enabled.set_estimates({{0, kNextN}});
+        limit.set_estimate(int64_t(kCacheBlocks) * kBlockSize);
+        mark.set_estimates({{0, 1}});
+        if (using_autoscheduler()) {
+            return;
+        }
+        schedule_index_check(stages, {get_target(), gpu});
+    }
 
 private:
     IndexCheckStages stages;

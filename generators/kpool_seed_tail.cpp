@@ -59,6 +59,15 @@ public:
     }
 
     void schedule() {
+        using namespace estimate;
+        key.set_estimates({{0, kHeadDim}, {0, kTokens}});
+        gate_score.set_estimates({{0, kHeadDim}, {0, kTokens}});
+        tslot.set_estimates({{0, kTokens}});
+        pool_size.set_estimate(kPoolSize);
+        tail.set_estimates({{0, kHeadDim}, {0, kPoolSize}, {0, 2}, {0, kTailBlocks}});
+        if (using_autoscheduler()) {
+            return;
+        }
         stages.tail = tail;
         schedule_seed_tail(stages, {get_target(), gpu});
     }

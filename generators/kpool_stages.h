@@ -131,6 +131,17 @@ struct NumericsProbeStages {
     std::vector<Func> outputs;
 };
 
+// The sizes Halide's autoschedulers tune for (set_estimates, in every
+// generator's schedule(), which steps aside under using_autoscheduler()):
+// an engine's 16K-token prefill and a decode step of 512 requests x 2.
+namespace estimate {
+constexpr int kRows = 16384 * 64;  // fwht query rows: tokens x heads
+constexpr int kPools = 4096, kPoolSize = 4, kTokens = 16384;
+constexpr int kRequests = 512, kNextN = 2;
+constexpr int kCacheBlocks = 1024, kBlockSize = 64, kTailBlocks = 1024;
+constexpr int kExpandRows = 1024, kTopk = 2048, kSeqLen = 131072;
+}  // namespace estimate
+
 // Each picks the family (cpu.h, cuda.h) from the plan's target.
 void schedule_fwht(FwhtStages &s, const BuildPlan &plan);
 void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan);

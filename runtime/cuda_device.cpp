@@ -125,33 +125,52 @@ void install_context_hooks() {
     halide_set_cuda_get_stream(reinterpret_cast<halide_cuda_get_stream_t>(&get_stream));
 }
 
-const char *family_of(int major) {
-    // Halide 21 names capability 8.0 at most: its PTX runs, JIT-ed, on every
-    // newer GPU; Hopper and later get the schedule tuned on an H200, whose
-    // kernels use sm_90 instructions (never loaded below 9.0).
-    // $KPOOL_CUDA_FAMILY=sm80 runs the sm80 family on a Hopper too (one GPU
-    // tests both; a fallback should an sm90 kernel misbehave).
+// The newest family built whose lowest capability the device meets (the
+// family table, CMakeLists.txt). Halide 21 names capability 8.0 at most:
+// sm80's PTX runs, JIT-ed, on every newer GPU; sm90's kernels use sm_90
+// instructions and never load below 9.0. $KPOOL_CUDA_FAMILY=<name> runs that
+// family instead, if it is built and the device meets it (sm80 on a Hopper:
+// one GPU tests both; a fallback should a newer family's kernel misbehave).
+Family family_of(const char *arg, int index, int major, int minor) {
+    struct Row {
+        Family family;
+        int capability;
+        const char *name;
+    };
+#define KPOOL_FAMILY_ROW(family, capability) {Family::family, capability, #family},
+    const std::vector<Row> built = {KPOOL_FOR_EACH_CUDA_FAMILY(KPOOL_FAMILY_ROW)};
+#undef KPOOL_FAMILY_ROW
+    const int capability = major * 10 + minor;
     const char *asked = std::getenv("KPOOL_CUDA_FAMILY");
-    if (asked != nullptr && std::strcmp(asked, "sm80") == 0) {
-        return "sm80";
+    const Row *newest = nullptr;
+    for (const Row &row : built) {
+        if (row.capability > capability) {
+            continue;
+        }
+        if (asked != nullptr && std::strcmp(asked, row.name) == 0) {
+            return row.family;
+        }
+        if (newest == nullptr || row.capability > newest->capability) {
+            newest = &row;
+        }
     }
-    return major >= 9 ? "sm90" : "sm80";
+    if (newest == nullptr) {
+        throw unsupported() << arg << " is on cuda:" << index << " (compute capability " << major << "." << minor
+                            << "); this build's CUDA kernels (KPOOL_CUDA_FAMILIES) need a newer GPU";
+    }
+    return newest->family;
 }
 
 CudaDevice init_device(int index, const char *arg) {
     const Driver &d = driver();
     CUdevice dev = 0;
-    CudaDevice c{index, nullptr, 0, 0, nullptr, nullptr};
+    CudaDevice c{index, nullptr, 0, 0, Family::sm80, nullptr};
     if (d.cuDeviceGet(&dev, index) != 0 || d.cuDevicePrimaryCtxRetain(&c.primary_context, dev) != 0) {
         throw device_error() << arg << " is on cuda:" << index << ", which the driver cannot open";
     }
     d.cuDeviceGetAttribute(&c.major, kAttrComputeCapabilityMajor, dev);
     d.cuDeviceGetAttribute(&c.minor, kAttrComputeCapabilityMinor, dev);
-    if (c.major < 8) {
-        throw unsupported() << arg << " is on cuda:" << index << " (compute capability " << c.major << "." << c.minor
-                            << "); kpool's CUDA kernels need 8.0 or newer";
-    }
-    c.family = family_of(c.major);
+    c.family = family_of(arg, index, c.major, c.minor);
     const KernelConstants host;
     const uint64_t dptr = device_copy_of(c.primary_context, &host, sizeof(host));
     if (dptr == 0) {

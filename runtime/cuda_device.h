@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "dispatch.h"
+
 namespace kpool::rt {
 
 // What a CUDA kernel call carries to the Halide runtime: the caller's
@@ -27,9 +29,9 @@ struct KernelConstants {
 struct CudaDevice {
     int index;
     void *primary_context;
-    int major, minor;    // compute capability
-    const char *family;  // schedule family: "sm80" or "sm90"
-    void *constants;  // a KernelConstants in device memory
+    int major, minor;  // compute capability
+    Family family;     // the newest built GPU family the device meets
+    void *constants;   // a KernelConstants in device memory
 };
 
 // True when a CUDA driver with at least one device is present.

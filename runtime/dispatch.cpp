@@ -1,47 +1,95 @@
-#include <cstring>
-#include <string>
-
 #include "dispatch.h"
+
+#include <string>
+#include <type_traits>
+
 #include "kpool_variants.inc"
 
 namespace kpool::rt {
 
+const char *name(Family f) {
+    switch (f) {
+    case Family::cpu: return "cpu";
+#define KPOOL_FAMILY_NAME(family, capability) \
+    case Family::family: return #family;
+        KPOOL_FOR_EACH_CUDA_FAMILY(KPOOL_FAMILY_NAME)
+#undef KPOOL_FAMILY_NAME
+    }
+    return "?";
+}
+
+const char *name(ElementType t) {
+    switch (t) {
+    case ElementType::none: return "none";
+    case ElementType::bf16: return "bf16";
+    case ElementType::f32: return "f32";
+    case ElementType::int32: return "int32";
+    case ElementType::int64: return "int64";
+    }
+    return "?";
+}
+
+const char *name(Arithmetic a) {
+    switch (a) {
+    case Arithmetic::any: return "any";
+    case Arithmetic::exact: return "exact";
+    case Arithmetic::triton: return "triton";
+    }
+    return "?";
+}
+
 namespace {
 
 struct Variant {
-    const char *device;
-    Kernel kind;
-    int pool_size;
-    const char *type;
-    const char *arithmetic;
+    VariantKey key;
     AnyKernel function;
 };
 
-#define KPOOL_VARIANT_ENTRY(device, kind, pool_size, type, arithmetic, function) \
-    {#device, Kernel::kind, pool_size, #type, #arithmetic, reinterpret_cast<AnyKernel>(&function)},
+// A generated function as the table holds it, once the compiler has checked
+// it against its kind's signature (dispatch.h) for its family.
+template <Kernel K, Family F, typename Fn>
+AnyKernel checked(Fn *function) {
+    using Expected = std::conditional_t<F == Family::cpu, typename KernelSignature<K>::Host,
+                                        typename KernelSignature<K>::Cuda>;
+    static_assert(std::is_same_v<Fn, Expected>,
+                  "a generated kernel's arguments differ from its kind's KernelSignature (dispatch.h)");
+    return reinterpret_cast<AnyKernel>(function);
+}
+
+#define KPOOL_VARIANT_ENTRY(family, kind, pool_size, type, arithmetic, function)                     \
+    {{Family::family, Kernel::kind, pool_size, ElementType::type, Arithmetic::arithmetic},          \
+     checked<Kernel::kind, Family::family>(&function)},
 const Variant kVariants[] = {KPOOL_FOR_EACH_VARIANT(KPOOL_VARIANT_ENTRY)};
 #undef KPOOL_VARIANT_ENTRY
 
 }  // namespace
 
-AnyKernel find_kernel(const char *device, Kernel kind, int pool_size, const char *type, const char *arithmetic) {
+AnyKernel find_kernel(const VariantKey &key) {
     for (const Variant &v : kVariants) {
-        // Every call looks its variant up: integers first, strings only for
-        // the few entries of the right kind and pool size.
-        if (v.kind == kind && v.pool_size == pool_size && std::strcmp(v.device, device) == 0 &&
-            std::strcmp(v.type, type) == 0 &&
-            (std::strcmp(v.arithmetic, "any") == 0 || std::strcmp(v.arithmetic, arithmetic) == 0)) {
+        const VariantKey &k = v.key;
+        if (k.kind == key.kind && k.pool_size == key.pool_size && k.family == key.family && k.type == key.type &&
+            (k.arithmetic == Arithmetic::any || k.arithmetic == key.arithmetic)) {
             return v.function;
         }
     }
     return nullptr;
 }
 
-std::vector<VariantKey> variants_of(const char *device) {
+AnyKernel require_kernel(const VariantKey &key, const char *op) {
+    AnyKernel k = find_kernel(key);
+    if (k == nullptr) {
+        throw unsupported() << op << ": no " << name(key.family) << " kernel variant was built for pool_size = "
+                            << key.pool_size << ", type " << name(key.type) << ", arithmetic " << name(key.arithmetic)
+                            << " (see KPOOL_POOL_SIZES / KPOOL_CUDA_POOL_SIZES / KPOOL_CUDA_ARITHMETICS)";
+    }
+    return k;
+}
+
+std::vector<VariantKey> variants_of(Family family) {
     std::vector<VariantKey> keys;
     for (const Variant &v : kVariants) {
-        if (std::strcmp(v.device, device) == 0) {
-            keys.push_back({v.kind, v.pool_size, v.type, v.arithmetic});
+        if (v.key.family == family) {
+            keys.push_back(v.key);
         }
     }
     return keys;

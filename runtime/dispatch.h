@@ -1,8 +1,10 @@
-// The kernel variants this build holds, looked up by kind, pool size and
-// element type (cmake/KpoolKernels.cmake writes the table).
+// The kernel variants this build holds, looked up by kind, device family,
+// pool size, element type and arithmetic (cmake/KpoolKernels.cmake writes
+// the table), and each kind's signature: a caller's arguments and every
+// generated function of the kind are checked against it at compile time.
 #pragma once
 
-#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "HalideRuntime.h"
@@ -16,42 +18,89 @@ enum class Kernel {
     COMPRESS_TO_CACHE,
     COMPRESS_TO_ROWS,
     SEED_TAIL,
-    DECODE_WRITE_CACHE,
+    DECODE_WRITE_CACHE,  // the CPU's decode: completions, then DECODE_STASH_TAIL
     DECODE_STASH_TAIL,
-    DECODE_UPDATE,
+    DECODE_UPDATE,  // CUDA's decode: both in one kernel
     EXPAND_POOLS_AND_APPEND_TAIL,
     EXPAND_POOLS_TO_TOKENS,
     APPEND_TAIL_TO_TOPK,
     INDEX_CHECK,
 };
 
-using AnyKernel = void (*)();
-// The variant's function for `device` ("cpu", "sm80", "sm90") and
-// `arithmetic` ("exact", "triton"; kernels without an approximate step serve
-// both), or NULL when none was built for (pool_size, type, arithmetic).
-AnyKernel find_kernel(const char *device, Kernel kind, int pool_size, const char *type, const char *arithmetic);
+// The table's keys. Enumerators are spelled as the build spells them (the
+// table's lines name them as tokens: `sm90, DECODE_UPDATE, 4, bf16, triton`).
+#include "kpool_families.inc"  // KPOOL_FOR_EACH_CUDA_FAMILY(X): X(name, lowest capability)
+#define KPOOL_FAMILY_ENUMERATOR(family, capability) family,
+enum class Family { cpu, KPOOL_FOR_EACH_CUDA_FAMILY(KPOOL_FAMILY_ENUMERATOR) };
+#undef KPOOL_FAMILY_ENUMERATOR
+enum class ElementType { none, bf16, f32, int32, int64 };
+// A variant's arithmetic; `any`: the kernel has no approximate step and
+// serves both.
+enum class Arithmetic { any, exact, triton };
+
+const char *name(Family f);
+const char *name(ElementType t);
+const char *name(Arithmetic a);
+
+// Each kind's arguments, in its generator's order: CPU variants take them
+// as they are, CUDA variants after the user context (the call's context and
+// stream).
+template <typename... Args>
+struct Signature {
+    using Host = int(Args...);
+    using Cuda = int(const void *, Args...);
+};
+template <Kernel K>
+struct KernelSignature;
+
+using Buf = halide_buffer_t *;
+#define KPOOL_SIGNATURE(kind, ...) \
+    template <>                    \
+    struct KernelSignature<Kernel::kind> : Signature<__VA_ARGS__> {};
+// (q, codes, scales)
+KPOOL_SIGNATURE(FWHT, Buf, Buf, Buf)
+KPOOL_SIGNATURE(FWHT_WORDS, Buf, Buf, Buf)
+// (slot_k, slot_score, ape, round_scale, loc, write_mask, cache codes, cache scales)
+KPOOL_SIGNATURE(COMPRESS_TO_CACHE, Buf, Buf, Buf, bool, Buf, Buf, Buf, Buf)
+// (slot_k, slot_score, ape, round_scale, codes, scales)
+KPOOL_SIGNATURE(COMPRESS_TO_ROWS, Buf, Buf, Buf, bool, Buf, Buf)
+// (key, gate_score, tslot, pool_size, tail)
+KPOOL_SIGNATURE(SEED_TAIL, Buf, Buf, Buf, int32_t, Buf)
+// (tail, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
+// round_scale, cache codes, cache scales[, tail out])
+KPOOL_SIGNATURE(DECODE_WRITE_CACHE, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf)
+KPOOL_SIGNATURE(DECODE_UPDATE, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf, Buf)
+// (tail_slot_mapping, key, slot_score, positions, tail)
+KPOOL_SIGNATURE(DECODE_STASH_TAIL, Buf, Buf, Buf, Buf, Buf)
+// (pool_ids, groups, seq_lens, pool_size, bound_pool_ids, out)
+KPOOL_SIGNATURE(EXPAND_POOLS_AND_APPEND_TAIL, Buf, int32_t, Buf, int32_t, bool, Buf)
+// (group_ids, group_valid, page_table, topk_offsets, token_map, pool_size, out)
+KPOOL_SIGNATURE(EXPAND_POOLS_TO_TOKENS, Buf, Buf, Buf, Buf, int32_t, int32_t, Buf)
+// (topk_result, history_cols, seq_lens, pool_lens, page_table, topk_offsets, token_map, pool_size, out)
+KPOOL_SIGNATURE(APPEND_TAIL_TO_TOPK, Buf, int32_t, Buf, Buf, Buf, Buf, int32_t, int32_t, Buf)
+// (index, enabled, limit, mark)
+KPOOL_SIGNATURE(INDEX_CHECK, Buf, Buf, int64_t, Buf)
+#undef KPOOL_SIGNATURE
 
 // What a built variant is for (the dispatch table's keys).
 struct VariantKey {
+    Family family;
     Kernel kind;
     int pool_size;
-    const char *type;
-    const char *arithmetic;
+    ElementType type;
+    Arithmetic arithmetic;
 };
-// Every variant built for `device`.
-std::vector<VariantKey> variants_of(const char *device);
 
-template <typename Fn>
-Fn *kernel(const char *device, Kernel kind, const char *op, int pool_size, const char *type,
-           const char *arithmetic) {
-    AnyKernel k = find_kernel(device, kind, pool_size, type, arithmetic);
-    if (k == nullptr) {
-        throw unsupported() << op << ": no " << device << " kernel variant was built for pool_size = " << pool_size
-                            << ", type " << type << ", arithmetic " << arithmetic
-                            << " (see KPOOL_POOL_SIZES / KPOOL_CUDA_POOL_SIZES / KPOOL_CUDA_ARITHMETICS)";
-    }
-    return reinterpret_cast<Fn *>(k);
-}
+using AnyKernel = void (*)();
+// The variant's function for the key (an `any` variant serves either
+// arithmetic asked for), or NULL when none was built.
+AnyKernel find_kernel(const VariantKey &key);
+// Every variant built for `family`.
+std::vector<VariantKey> variants_of(Family family);
+
+// find_kernel, or `unsupported` naming `op` when this build has no such
+// variant.
+AnyKernel require_kernel(const VariantKey &key, const char *op);
 
 // Turns a Halide error return into an error status.
 void check_halide(int result, const char *op);

@@ -49,11 +49,11 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
     // The default is the reference's arithmetic where it exists (CUDA) and
     // the contract's everywhere else.
     const bool triton = requested == KPOOL_ARITHMETIC_TRITON || (requested == KPOOL_ARITHMETIC_DEFAULT && !on_host());
-    arithmetic_ = triton ? "triton" : "exact";
+    arithmetic_ = triton ? Arithmetic::triton : Arithmetic::exact;
 }
 
 void Placement::require_pool_arithmetic() const {
-    if (on_host() && std::strcmp(arithmetic_, "exact") != 0) {
+    if (on_host() && arithmetic_ != Arithmetic::exact) {
         throw unsupported() << "exec->arithmetic = KPOOL_ARITHMETIC_TRITON (the reference's GPU instructions) "
                                "needs CUDA tensors; these are on the CPU";
     }

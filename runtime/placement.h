@@ -22,7 +22,7 @@ public:
     // For the ops with a softmax pool: the triton arithmetic's instructions
     // exist on CUDA only (checked before anything runs, empty calls too).
     void require_pool_arithmetic() const;
-    const char *family() const { return cuda_ ? cuda_->family : "cpu"; }
+    Family family() const { return cuda_ ? cuda_->family : Family::cpu; }
     // exec->index_errors on a device call: where out-of-range indices are
     // marked; NULL on the host (which rejects them) or when not asked for.
     int32_t *index_errors() const { return index_errors_; }
@@ -45,21 +45,21 @@ public:
 
     // Whether this device has a variant of `kind` for (pool_size, type) in
     // the call's arithmetic.
-    bool has_kernel(Kernel kind, int pool_size, const char *type) const {
-        return find_kernel(family(), kind, pool_size, type, arithmetic_) != nullptr;
+    bool has_kernel(Kernel kind, int pool_size, ElementType type) const {
+        return find_kernel({family(), kind, pool_size, type, arithmetic_}) != nullptr;
     }
 
-    // Runs the variant for this device; CUDA kernels take the call's
-    // context and stream as user_context.
-    template <typename... Args>
-    void launch(Kernel kind, const char *op, int pool_size, const char *type, Args... args) const {
+    // Runs this device's variant of kind K for (pool_size, type) in the
+    // call's arithmetic; the arguments are K's (KernelSignature), and CUDA
+    // kernels take the call's context and stream as user_context.
+    template <Kernel K, typename... Args>
+    void launch(const char *op, int pool_size, ElementType type, Args... args) const {
+        AnyKernel k = require_kernel({family(), K, pool_size, type, arithmetic_}, op);
         if (cuda_ != nullptr) {
-            auto *fn = kernel<int(void *, Args...)>(cuda_->family, kind, op, pool_size, type, arithmetic_);
             CudaCall call = call_;
-            check_halide(fn(&call, args...), op);
+            check_halide(reinterpret_cast<typename KernelSignature<K>::Cuda *>(k)(&call, args...), op);
         } else {
-            auto *fn = kernel<int(Args...)>("cpu", kind, op, pool_size, type, arithmetic_);
-            check_halide(fn(args...), op);
+            check_halide(reinterpret_cast<typename KernelSignature<K>::Host *>(k)(args...), op);
         }
     }
 
@@ -68,7 +68,7 @@ private:
 
     const CudaDevice *cuda_ = nullptr;
     CudaCall call_{};
-    const char *arithmetic_ = "exact";
+    Arithmetic arithmetic_ = Arithmetic::exact;
     int32_t *index_errors_ = nullptr;  // set for device calls only
 };
 

@@ -48,12 +48,12 @@ private:
     int64_t used_ = 0;
 };
 
-kpool_dtype index_dtype(const char *type) {
-    return std::string(type) == "int64" ? KPOOL_DTYPE_INT64 : KPOOL_DTYPE_INT32;
+kpool_dtype index_dtype(ElementType type) {
+    return type == ElementType::int64 ? KPOOL_DTYPE_INT64 : KPOOL_DTYPE_INT32;
 }
 
-// One op call that runs `v` (and, for decode's write kernel, the stash
-// kernel after it; index checks run inside every call, with `exec`'s words).
+// One op call that runs `v` (and whatever else the op launches with it:
+// the CPU's decode pair, the index checks with `exec`'s words).
 void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &exec) {
     const int32_t D = KPOOL_HEAD_DIM;
     const int P = v.pool_size > 0 ? v.pool_size : 4;
@@ -74,7 +74,7 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
     case Kernel::COMPRESS_TO_CACHE:
     case Kernel::COMPRESS_TO_ROWS: {
         const bool to_cache = v.kind == Kernel::COMPRESS_TO_CACHE;
-        const kpool_dtype score_dtype = std::string(v.type) == "f32" ? KPOOL_DTYPE_FLOAT32 : KPOOL_DTYPE_BFLOAT16;
+        const kpool_dtype score_dtype = v.type == ElementType::f32 ? KPOOL_DTYPE_FLOAT32 : KPOOL_DTYPE_BFLOAT16;
         const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
                            k = tensor(KPOOL_DTYPE_BFLOAT16, {1, P, D}), s = tensor(score_dtype, {1, P, D}),
                            ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}), loc = tensor(KPOOL_DTYPE_INT64, {1}),
@@ -143,16 +143,15 @@ void warm_up_cuda(int device_index, void *stream) {
         ScratchTensors tensor(device, base);
         // Index checks too: the words are scratch, and every index is valid.
         int32_t *words = reinterpret_cast<int32_t *>(base + kScratchBytes - kAlign);
-        const kpool_exec exec{stream, std::string(v.arithmetic) == "triton" ? KPOOL_ARITHMETIC_TRITON
-                                                                           : KPOOL_ARITHMETIC_EXACT,
-                              words};
+        const kpool_exec exec{
+            stream, v.arithmetic == Arithmetic::triton ? KPOOL_ARITHMETIC_TRITON : KPOOL_ARITHMETIC_EXACT, words};
         try {
             run_variant(v, tensor, exec);
         } catch (const std::exception &e) {
             const StatusError error = as_status_error(e);
-            throw StatusError(error.code()) << "kpool_cuda_warm_up: the " << device.family << " variant (kind "
+            throw StatusError(error.code()) << "kpool_cuda_warm_up: the " << name(device.family) << " variant (kind "
                                             << static_cast<int>(v.kind) << ", pool_size " << v.pool_size << ", "
-                                            << v.type << ", " << v.arithmetic << ") failed: " << error.what();
+                                            << name(v.type) << ", " << name(v.arithmetic) << ") failed: " << error.what();
         }
     }
     synchronize_stream(device, stream);

@@ -10,6 +10,7 @@
 #include "cuda.h"
 
 #include <cstring>
+#include <string>
 
 namespace kpool::cuda {
 
@@ -23,40 +24,41 @@ void pure_stage_on_gpu(Func out) {
     out.gpu_single_thread();
 }
 
-// Tuned parameters per GPU family: data, not code.
+// Tuned parameters per GPU family: data, not code. The defaults are the
+// sm80 family's; a family's row names only how it differs.
 struct CudaPlan {
-    const char *gpu;
-    int row_threads;  // threads per block of the fwht and compress kernels
+    const char *gpu = "sm80";
+    int row_threads = 128;  // threads per block of the fwht and compress kernels
     // e4m3 codes from sm_90's cvt.rn.satfinite.e4m3x2.f32 (one instruction
     // per pair, the clamp included) instead of integer bit arithmetic.
-    bool e4m3_sm90;
+    bool e4m3_sm90 = false;
     // Values per lane of a row (4 to 32). More values per lane, fewer
     // instructions per element (in-lane butterflies instead of shuffles, one
     // index computation for more elements), more registers per lane.
-    int fwht_values;
+    int fwht_values = 16;
     // fwht's lanes hold runs of this many consecutive elements (RowLayout):
     // 4, one 8-byte word of bf16 in and one 4-byte word of codes out per
     // run in the words kernel; 1, a warp's loads of each v contiguous. (The
     // softmax kernels keep a lane's elements consecutive: their pool's per-d
     // stages are bounded per lane.)
-    int fwht_run;
-    int compress_values;         // exact arithmetic (slot loops kept)
-    int compress_triton_values;  // slot loops unrolled: P x V weights live
-    int decode_values;           // latency-bound: more lanes per token
+    int fwht_run = 4;
+    int compress_values = 8;         // exact arithmetic (slot loops kept)
+    int compress_triton_values = 4;  // slot loops unrolled: P x V weights live
+    int decode_values = 4;           // latency-bound: more lanes per token
     // Decode in the exact arithmetic pools each element of a completion on a
     // thread of its own rather than V per lane: the f64 exps make the pool
     // the longest chain. (The triton arithmetic's pool is short: there the
     // barrier and the idle threads cost more than they save.)
-    bool decode_exact_pool_per_element;
+    bool decode_exact_pool_per_element = true;
     // Decode unrolls its slot folds (a call is latency-bound) up to this many
     // slots in the exact arithmetic, always in the triton one. 16 fits an
     // element per thread; with V elements per lane (exact pool not per
     // element) P = 16 unrolled spills: 8 there.
-    int decode_unrolled_exact_slots;
-    int seed_warps_per_block;  // seed: warps per block (32 tokens each)
-    int decode_tokens_per_block;  // decode: tokens of a request per block
-    int expand_cols;           // expand: output columns per thread block
-    int expand_and_append_cols;  // the same for expand_pools_and_append_tail
+    int decode_unrolled_exact_slots = 16;
+    int seed_warps_per_block = 8;     // seed: warps per block (32 tokens each)
+    int decode_tokens_per_block = 4;  // decode: tokens of a request run side by side (triton), stashed per block
+    int expand_cols = 256;            // expand: output columns per thread block
+    int expand_and_append_cols = 1024;  // the same for expand_pools_and_append_tail
 };
 
 // sm80: A100-class, not measured here. sm90: H100/H200, measured on an
@@ -73,18 +75,26 @@ struct CudaPlan {
 // Tried, no gain: an fwht variant for 16-byte-aligned rows with vector loads
 // and stores (non-interleaved, 8-byte loads, 16-byte code stores): 281 ->
 // 278 us.
-constexpr CudaPlan kPlans[] = {
-    {"sm80", 128, false, 16, 4, 8, 4, 4, true, 16, 8, 4, 256, 1024},
-    {"sm90", 128, true, 32, 4, 8, 4, 4, true, 16, 8, 4, 256, 1024},
-};
+// A family is a row here and one in CMakeLists.txt's KPOOL_CUDA_FAMILY_TABLE.
+const CudaPlan kSm80;
+const CudaPlan kSm90 = [] {
+    CudaPlan p;
+    p.gpu = "sm90";
+    p.e4m3_sm90 = true;
+    p.fwht_values = 32;
+    return p;
+}();
+const CudaPlan *const kPlans[] = {&kSm80, &kSm90};
 
 const CudaPlan &plan_for(const BuildPlan &build) {
-    for (const CudaPlan &p : kPlans) {
-        if (build.gpu == p.gpu) {
-            return p;
+    std::string known;
+    for (const CudaPlan *p : kPlans) {
+        if (build.gpu == p->gpu) {
+            return *p;
         }
+        known += std::string(known.empty() ? "" : ", ") + p->gpu;
     }
-    throw CompileError("no CUDA plan for gpu=" + build.gpu + " (known: sm80, sm90)");
+    throw CompileError("no CUDA plan for gpu=" + build.gpu + " (known: " + known + ")");
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // the words form of the kernel (8-byte words of bf16 in, 4-byte words of
 // codes out), built for the CPU from the same generators (CMakeLists.txt,
 // kpool_cpu_fwht*_as_<family>): the algorithm each GPU kernel runs, here
-// byte for byte against the CPU kernel. (A schedule cannot change what an
+// byte for byte against the CPU kernel; and an autoscheduled twin. (A schedule cannot change what an
 // algorithm computes; what differs per family is the algorithm's layout.
 // The sm_90 e4m3 instruction itself is checked on the GPU, GpuFwht.)
 #include <cstdint>
@@ -12,6 +12,7 @@
 
 #include "HalideBuffer.h"
 #include "kpool_cpu_fwht_as_sm80.h"
+#include "kpool_cpu_fwht_autoscheduled.h"
 #include "kpool_cpu_fwht_as_sm90.h"
 #include "kpool_cpu_fwht_words_as_sm80.h"
 #include "kpool_cpu_fwht_words_as_sm90.h"
@@ -106,6 +107,14 @@ TEST(GpuLayoutsOnCpu, Sm90FwhtMatchesTheCpuKernel) {
     const Quantized expected = cpu_kernel(q);
     expect_same(expected, element_kernel(kpool_cpu_fwht_as_sm90, q));
     expect_same(expected, words_kernel(kpool_cpu_fwht_words_as_sm90, q));
+}
+
+// The generator under Halide's Mullapudi2016 autoscheduler (its schedule()
+// steps aside, the estimates guide it): a twin as the autotuning tool
+// builds them, the same bytes as the scheduled kernel.
+TEST(AutoscheduledOnCpu, FwhtMatchesTheCpuKernel) {
+    std::vector<uint16_t> q = layout_test_rows();
+    expect_same(cpu_kernel(q), element_kernel(kpool_cpu_fwht_autoscheduled, q));
 }
 
 }  // namespace

@@ -91,7 +91,7 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
     }
 
     const char *op = "kpool_compress_and_write_cache";
-    const char *score_type = slot_score.t->dtype == KPOOL_DTYPE_FLOAT32 ? "f32" : "bf16";
+    const ElementType score_type = slot_score.t->dtype == KPOOL_DTYPE_FLOAT32 ? ElementType::f32 : ElementType::bf16;
     HalideBuffer key = wrap(slot_k), score = wrap(slot_score), ape_b = wrap(ape);
     where.attach(key), where.attach(score), where.attach(ape_b);
     // A cache without slots takes no write (every loc is a sentinel; on a
@@ -102,13 +102,13 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
             where.attach(flags);
         }
         CacheViews cache = wrap_kv_cache(kv_cache);
-        where.launch(Kernel::COMPRESS_TO_CACHE, op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
+        where.launch<Kernel::COMPRESS_TO_CACHE>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
                      ape_b.raw_buffer(), round_scale != 0, where.attach(locs).raw_buffer(), flags.raw_buffer(),
                      where.attach(cache.codes).raw_buffer(), where.attach(cache.scales).raw_buffer());
     }
     if (return_compressed) {
         HalideBuffer codes = wrap(compressed_k), scales = wrap_row_scales(compressed_scale);
-        where.launch(Kernel::COMPRESS_TO_ROWS, op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
+        where.launch<Kernel::COMPRESS_TO_ROWS>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
                      ape_b.raw_buffer(), round_scale != 0, where.attach(codes).raw_buffer(),
                      where.attach(scales).raw_buffer());
     }

@@ -7,7 +7,9 @@
 
 namespace kpool::rt {
 
-const char *index_type(const TensorArg &a) { return a.t->dtype == KPOOL_DTYPE_INT64 ? "int64" : "int32"; }
+ElementType index_type(const TensorArg &a) {
+    return a.t->dtype == KPOOL_DTYPE_INT64 ? ElementType::int64 : ElementType::int32;
+}
 
 void mark_index_errors(const Placement &where, kpool_index_arg arg, const TensorArg &index, int64_t limit,
                        const TensorArg *mask) {
@@ -20,7 +22,7 @@ void mark_index_errors(const Placement &where, kpool_index_arg arg, const Tensor
     }
     HalideBuffer enabled = mask ? where.attach(wrap(*mask)) : where.all_true(entries.dim(0).extent());
     HalideBuffer word = where.words(where.index_errors() + arg, 1);
-    where.launch(Kernel::INDEX_CHECK, index.name, 0, index_type(index), where.attach(entries).raw_buffer(),
+    where.launch<Kernel::INDEX_CHECK>(index.name, 0, index_type(index), where.attach(entries).raw_buffer(),
                  enabled.raw_buffer(), limit, word.raw_buffer());
 }
 

@@ -52,8 +52,8 @@ void check_index_errors(int32_t device_index, const kpool_exec *exec);
 
 // For the ops' own files.
 
-// The kernels' name of an index tensor's element type: "int32" or "int64".
-const char *index_type(const TensorArg &a);
+// The kernels' element type of an index tensor: int32 or int64.
+ElementType index_type(const TensorArg &a);
 
 // A device call's kernels skip every write whose index is >= limit; when the
 // caller passed exec->index_errors, this marks `arg`'s word if any entry of
