@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Render bench_gpu.py's JSON as the markdown table docs/benchmarks.md keeps.
+"""Render bench_gpu.py's JSON as the markdown tables docs/benchmarks.md keeps:
+the engine steps (when the run has them), then the ops.
 
     python3 bench/bench_table.py docs/measured/h200_bench.json
 """
@@ -25,12 +26,32 @@ def cell(x, fmt):
     return format(x, fmt) if x is not None else "n/a"
 
 
+def shares(step, who):
+    alone = step.get(f"{who}_op_us")
+    if not alone or None in alone:
+        return "n/a"
+    return ", ".join(f"{op} {100 * t / sum(alone):.0f} %" for op, t in zip(step["ops"], alone))
+
+
+def print_steps(steps):
+    print("| step | case | ours µs | ref µs | roofline µs | speed-up | share of the step, ours | share, reference |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- | --- |")
+    for s in steps:
+        params = " ".join(f"{k}={v}" for k, v in s["params"].items())
+        print(f"| {s['step']} | {params} | {cell(s.get('ours_us'), '.2f')} | {cell(s.get('ref_us'), '.2f')} "
+              f"| {cell(s.get('roofline_us'), '.2f')} | {cell(s.get('speedup'), '.2f')} | {shares(s, 'ours')} "
+              f"| {shares(s, 'ref')} |")
+    print()
+
+
 def main(argv):
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
     with open(argv[1]) as f:
         res = json.load(f)
+    if res.get("steps"):
+        print_steps(res["steps"])
     print(f"Copy roofline in the same run: {res['copy']['GBps']:.0f} GB/s ({res['device']}, torch {res['torch']}, "
           f"triton {res['triton']}); kpool arithmetic: {res.get('arithmetic', 'exact')}.\n")
     print("| op | case | ours µs | ref µs | ours graph µs | ref graph µs | % copy | speed-up | graph speed-up "
