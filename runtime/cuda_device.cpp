@@ -164,7 +164,7 @@ Family family_of(const char *arg, int index, int major, int minor) {
 CudaDevice init_device(int index, const char *arg) {
     const Driver &d = driver();
     CUdevice dev = 0;
-    CudaDevice c{index, nullptr, 0, 0, Family::sm80, nullptr};
+    CudaDevice c{index, nullptr, 0, 0, Family::cpu, nullptr};  // family: set below
     if (d.cuDeviceGet(&dev, index) != 0 || d.cuDevicePrimaryCtxRetain(&c.primary_context, dev) != 0) {
         throw device_error() << arg << " is on cuda:" << index << ", which the driver cannot open";
     }
