@@ -79,14 +79,6 @@ step "torch ops: opcheck, torch.compile fullgraph + reduce-overhead, engine modu
     python3 -m pytest python/tests/test_torch_ops.py python/tests/test_gpu_torch_compile.py -q -p no:cacheprovider
 summary+=("  $(tail -1 "$out/torch_compile.log")")
 while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR)' "$out/torch_compile.log" | head -10)
-step "host overhead per call (ours vs the reference's launch)" host_overhead.log \
-    python3 bench/host_overhead.py --out "$out/kpool_host_overhead.json"
-while read -r line; do summary+=("  $line"); done < <(grep -E '^(extension|op |[a-z_]+ +[0-9])' "$out/host_overhead.log")
-# The softmax-pool ops again in the contract's arithmetic (KPOOL_ARITHMETIC_EXACT).
-step "bench --arithmetic exact" bench_exact.log \
-    python3 bench/bench_gpu.py --min-runs 50 --arithmetic exact --only copy,compress,decode \
-    --out "$out/kpool_bench_exact.json" "${bench_args[@]}"
-
 # The one-kernel decode under compute-sanitizer: shared-memory races, then
 # out-of-bounds accesses.
 for tool in racecheck memcheck; do
@@ -94,6 +86,14 @@ for tool in racecheck memcheck; do
         build/tests/kpool_tests --gtest_filter='GpuDecode*' --gtest_brief=1
     while read -r line; do summary+=("  $line"); done < <(grep -E 'SUMMARY|^\[  (PASSED|FAILED)' "$out/$tool.log")
 done
+
+step "host overhead per call (ours vs the reference's launch)" host_overhead.log \
+    python3 bench/host_overhead.py --out "$out/kpool_host_overhead.json"
+while read -r line; do summary+=("  $line"); done < <(grep -E '^(extension|op |[a-z_]+ +[0-9])' "$out/host_overhead.log")
+# The softmax-pool ops again in the contract's arithmetic (KPOOL_ARITHMETIC_EXACT).
+step "bench --arithmetic exact" bench_exact.log \
+    python3 bench/bench_gpu.py --min-runs 50 --arithmetic exact --only copy,compress,decode \
+    --out "$out/kpool_bench_exact.json" "${bench_args[@]}"
 
 cat "$out/bench.log"
 printf '%s\n' "${summary[@]}"
