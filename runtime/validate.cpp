@@ -195,6 +195,13 @@ void require_stride(const TensorArg &a, int i, int64_t expected) {
     }
 }
 
+void require_row_scales_shape(const TensorArg &scales) {
+    if (scales.t->ndim == 2) {
+        require_dim(scales, 1, 1, "[rows, 1]");
+    }
+    require_int32_strides(scales);
+}
+
 void require_int32_strides(const TensorArg &a) {
     // Every dim, even of an empty tensor (sizes are computed with them).
     for (int i = 0; i < a.t->ndim; i++) {

@@ -36,6 +36,10 @@ void require_stride(const TensorArg &a, int i, int64_t expected);
 // Innermost-first strides the kernels take must be positive and fit int32;
 // strides of size-1 dimensions are ignored.
 void require_int32_strides(const TensorArg &a);
+// A scale per row, [rows] or [rows, 1] (rows checked by the caller): a
+// second dim of any other size is rejected (of size 0, the tensor holds no
+// element, yet a row's scale would be written).
+void require_row_scales_shape(const TensorArg &scales);
 void require_same_device(const std::vector<const TensorArg *> &args);
 void require_pool_size(int32_t pool_size);
 void require_head_dim(int32_t head_dim);

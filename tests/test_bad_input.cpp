@@ -144,6 +144,7 @@ TEST(BadInputFwht, Shapes) {
     { FwhtCall c; c.qd.shape[0] = -3; c.check({"q"}); }
     { FwhtCall c; c.fd.shape[0] = 5; c.check({"q_fp8"}); }
     { FwhtCall c; c.sd.shape[1] = 2; c.check({"q_scale"}); }
+    { FwhtCall c; c.sd.shape[1] = 0; c.check({"q_scale"}); }
     { FwhtCall c; c.sd.shape[0] = 7; c.check({"q_scale"}); }
 }
 
@@ -376,6 +377,16 @@ TEST(BadInputCompress, CompressedOutputs) {
     { CompressCall c; c.set_return(true); c.kd.dtype = KPOOL_DTYPE_BFLOAT16; c.check({"compressed_k"}); }
     { CompressCall c; c.set_return(true); c.sd.shape[0] = c.n - 1; c.check({"compressed_scale"}); }
     { CompressCall c; c.set_return(true); c.sd.dtype = KPOOL_DTYPE_INT32; c.check({"compressed_scale"}); }
+    // [pools, k] with k != 1, k = 0 too (no element, yet every pool's scale
+    // would be written: the fuzzer found it).
+    for (const int64_t k : {0, 2}) {
+        CompressCall c;
+        c.set_return(true);
+        c.sd.ndim = 2;
+        c.sd.shape[1] = k;
+        c.sd.strides[1] = 1;
+        c.check({"compressed_scale"});
+    }
 }
 
 TEST(BadInputCompress, NullPointers) {

@@ -64,7 +64,7 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
         require_disjoint_rows(compressed_k);
         compressed_scale = require_tensor_ranks("compressed_scale", compressed_scale_, {KPOOL_DTYPE_FLOAT32}, {1, 2});
         require_dim(compressed_scale, 0, n, "pools");
-        require_int32_strides(compressed_scale);
+        require_row_scales_shape(compressed_scale);
     }
     TensorArg kv_cache{};
     std::vector<const TensorArg *> args{&slot_k, &slot_score, &ape, &loc};

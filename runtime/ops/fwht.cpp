@@ -16,10 +16,7 @@ void fwht128_quant_fp8(const kpool_tensor *q_, const kpool_tensor *q_fp8_, const
     require_disjoint_rows(q_fp8);
     TensorArg q_scale = require_tensor_ranks("q_scale", q_scale_, {KPOOL_DTYPE_FLOAT32}, {1, 2});
     require_same_dim(q_scale, 0, q, 0);
-    if (q_scale.t->ndim == 2) {
-        require_dim(q_scale, 1, 1, "[rows, 1]");
-    }
-    require_int32_strides(q_scale);
+    require_row_scales_shape(q_scale);
     Placement where({&q, &q_fp8, &q_scale}, exec);
     if (q.dim(0) == 0) {
         return;
