@@ -52,7 +52,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int64_t i = 0; i < n; i++) {
         out_of_range = out_of_range || (slots[i] >= 0 && ring > 0 && slots[i] / ring >= blocks);
     }
-    const bool overlapping = tail.strides[0] < tail.strides[1] + ring * kD && blocks > 1;
+    // A block's halves end at strides[1] + RING * 128 (a tampered stride may
+    // not even have such an end: overlapping too).
+    int64_t block_end = 0;
+    const bool overlapping =
+        blocks > 1 && (__builtin_add_overflow(tail.strides[1], ring * kD, &block_end) || tail.strides[0] < block_end);
     const char *must_fail = first_reason({
         invalid_alone(tail, {KPOOL_DTYPE_BFLOAT16}),
         invalid_alone(key, {KPOOL_DTYPE_BFLOAT16}),
