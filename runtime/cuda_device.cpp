@@ -135,9 +135,8 @@ Family family_of(const char *arg, int index, int major, int minor) {
     struct Row {
         Family family;
         int capability;
-        const char *name;
     };
-#define KPOOL_FAMILY_ROW(family, capability) {Family::family, capability, #family},
+#define KPOOL_FAMILY_ROW(family, capability) {Family::family, capability},
     const std::vector<Row> built = {KPOOL_FOR_EACH_CUDA_FAMILY(KPOOL_FAMILY_ROW)};
 #undef KPOOL_FAMILY_ROW
     const int capability = major * 10 + minor;
@@ -147,7 +146,7 @@ Family family_of(const char *arg, int index, int major, int minor) {
         if (row.capability > capability) {
             continue;
         }
-        if (asked != nullptr && std::strcmp(asked, row.name) == 0) {
+        if (asked != nullptr && std::strcmp(asked, name(row.family)) == 0) {
             return row.family;
         }
         if (newest == nullptr || row.capability > newest->capability) {

@@ -7,35 +7,24 @@
 
 namespace kpool::rt {
 
+// Each key's name, from the list its enum is made of (dispatch.h), in order.
 const char *name(Family f) {
-    switch (f) {
-    case Family::cpu: return "cpu";
-#define KPOOL_FAMILY_NAME(family, capability) \
-    case Family::family: return #family;
-        KPOOL_FOR_EACH_CUDA_FAMILY(KPOOL_FAMILY_NAME)
+#define KPOOL_FAMILY_NAME(family, capability) #family,
+    const char *const names[] = {"cpu", KPOOL_FOR_EACH_CUDA_FAMILY(KPOOL_FAMILY_NAME)};
 #undef KPOOL_FAMILY_NAME
-    }
-    return "?";
+    return names[static_cast<int>(f)];
 }
 
 const char *name(ElementType t) {
-    switch (t) {
-    case ElementType::none: return "none";
-    case ElementType::bf16: return "bf16";
-    case ElementType::f32: return "f32";
-    case ElementType::int32: return "int32";
-    case ElementType::int64: return "int64";
-    }
-    return "?";
+#define KPOOL_NAME(e) #e,
+    const char *const names[] = {KPOOL_ELEMENT_TYPES(KPOOL_NAME)};
+    return names[static_cast<int>(t)];
 }
 
 const char *name(Arithmetic a) {
-    switch (a) {
-    case Arithmetic::any: return "any";
-    case Arithmetic::exact: return "exact";
-    case Arithmetic::triton: return "triton";
-    }
-    return "?";
+    const char *const names[] = {KPOOL_ARITHMETICS(KPOOL_NAME)};
+#undef KPOOL_NAME
+    return names[static_cast<int>(a)];
 }
 
 namespace {

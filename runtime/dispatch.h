@@ -33,10 +33,14 @@ enum class Kernel {
 #define KPOOL_FAMILY_ENUMERATOR(family, capability) family,
 enum class Family { cpu, KPOOL_FOR_EACH_CUDA_FAMILY(KPOOL_FAMILY_ENUMERATOR) };
 #undef KPOOL_FAMILY_ENUMERATOR
-enum class ElementType { none, bf16, f32, int32, int64 };
+#define KPOOL_ELEMENT_TYPES(X) X(none) X(bf16) X(f32) X(int32) X(int64)
 // A variant's arithmetic; `any`: the kernel has no approximate step and
 // serves both.
-enum class Arithmetic { any, exact, triton };
+#define KPOOL_ARITHMETICS(X) X(any) X(exact) X(triton)
+#define KPOOL_ENUMERATOR(e) e,
+enum class ElementType { KPOOL_ELEMENT_TYPES(KPOOL_ENUMERATOR) };
+enum class Arithmetic { KPOOL_ARITHMETICS(KPOOL_ENUMERATOR) };
+#undef KPOOL_ENUMERATOR
 
 const char *name(Family f);
 const char *name(ElementType t);

@@ -103,14 +103,15 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
         }
         CacheViews cache = wrap_kv_cache(kv_cache);
         where.launch<Kernel::COMPRESS_TO_CACHE>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
-                     ape_b.raw_buffer(), round_scale != 0, where.attach(locs).raw_buffer(), flags.raw_buffer(),
-                     where.attach(cache.codes).raw_buffer(), where.attach(cache.scales).raw_buffer());
+                                                ape_b.raw_buffer(), round_scale != 0, where.attach(locs).raw_buffer(),
+                                                flags.raw_buffer(), where.attach(cache.codes).raw_buffer(),
+                                                where.attach(cache.scales).raw_buffer());
     }
     if (return_compressed) {
         HalideBuffer codes = wrap(compressed_k), scales = wrap_row_scales(compressed_scale);
         where.launch<Kernel::COMPRESS_TO_ROWS>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
-                     ape_b.raw_buffer(), round_scale != 0, where.attach(codes).raw_buffer(),
-                     where.attach(scales).raw_buffer());
+                                               ape_b.raw_buffer(), round_scale != 0, where.attach(codes).raw_buffer(),
+                                               where.attach(scales).raw_buffer());
     }
 }
 

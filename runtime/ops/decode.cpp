@@ -62,20 +62,21 @@ int64_t decode_update_and_maybe_write_cache_batched(
     if (kv_cache.numel() > 0 && where.has_kernel(Kernel::DECODE_UPDATE, pool_size, ElementType::bf16)) {
         HalideBuffer t_out = wrap_tail(tail);
         where.launch<Kernel::DECODE_UPDATE>(op, pool_size, ElementType::bf16, t.raw_buffer(), ts.raw_buffer(),
-                     k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(), pos.raw_buffer(),
-                     round_scale != 0, cache.codes.raw_buffer(), cache.scales.raw_buffer(),
-                     where.attach(t_out).raw_buffer());
+                                            k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(),
+                                            pos.raw_buffer(), round_scale != 0, cache.codes.raw_buffer(),
+                                            cache.scales.raw_buffer(), where.attach(t_out).raw_buffer());
         return skipped;
     }
     // Otherwise two kernels, in this order on the caller's stream (without
     // a K cache, only the stashes).
     if (kv_cache.numel() > 0) {
         where.launch<Kernel::DECODE_WRITE_CACHE>(op, pool_size, ElementType::bf16, t.raw_buffer(), ts.raw_buffer(),
-                     k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(), pos.raw_buffer(),
-                     round_scale != 0, cache.codes.raw_buffer(), cache.scales.raw_buffer());
+                                                 k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(),
+                                                 pos.raw_buffer(), round_scale != 0, cache.codes.raw_buffer(),
+                                                 cache.scales.raw_buffer());
     }
     where.launch<Kernel::DECODE_STASH_TAIL>(op, 0, ElementType::none, ts.raw_buffer(), k.raw_buffer(), s.raw_buffer(),
-                 pos.raw_buffer(), t.raw_buffer());
+                                            pos.raw_buffer(), t.raw_buffer());
     return skipped;
 }
 

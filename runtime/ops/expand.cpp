@@ -113,8 +113,9 @@ void expand_pools_and_append_tail(const kpool_tensor *pool_ids_, const kpool_ten
     HalideBuffer i = groups > 0 ? where.attach(wrap(ids)) : where.no_columns(ids.t->dtype, rows);
     HalideBuffer s = wrap(seq_lens), o = wrap(out);
     where.launch<Kernel::EXPAND_POOLS_AND_APPEND_TAIL>("expand_pools_and_append_tail", 0, index_type(ids),
-                 i.raw_buffer(), groups, where.attach(s).raw_buffer(), int32_t(pool_size), bound_pool_ids != 0,
-                 where.attach(o).raw_buffer());
+                                                       i.raw_buffer(), groups, where.attach(s).raw_buffer(),
+                                                       int32_t(pool_size), bound_pool_ids != 0,
+                                                       where.attach(o).raw_buffer());
 }
 
 void expand_pools_to_tokens(const kpool_tensor *group_ids_, const kpool_tensor *group_valid_,
@@ -139,8 +140,9 @@ void expand_pools_to_tokens(const kpool_tensor *group_ids_, const kpool_tensor *
     HalideBuffer g = wrap(ids), v = wrap(valid), o = wrap(out), table, offsets;
     map.bind(where, rows, table, offsets);
     where.launch<Kernel::EXPAND_POOLS_TO_TOKENS>("expand_pools_to_tokens", 0, index_type(ids),
-                 where.attach(g).raw_buffer(), where.attach(v).raw_buffer(), table.raw_buffer(),
-                 offsets.raw_buffer(), int32_t(map.mode), int32_t(pool_size), where.attach(o).raw_buffer());
+                                                 where.attach(g).raw_buffer(), where.attach(v).raw_buffer(),
+                                                 table.raw_buffer(), offsets.raw_buffer(), int32_t(map.mode),
+                                                 int32_t(pool_size), where.attach(o).raw_buffer());
 }
 
 void append_tail_to_topk(const kpool_tensor *topk_result_, const kpool_tensor *seq_lens_,
@@ -164,8 +166,9 @@ void append_tail_to_topk(const kpool_tensor *topk_result_, const kpool_tensor *s
     HalideBuffer s = wrap(seq_lens), p = wrap(pool_lens), o = wrap(out), table, offsets;
     map.bind(where, rows, table, offsets);
     where.launch<Kernel::APPEND_TAIL_TO_TOPK>("append_tail_to_topk", 0, ElementType::none, t.raw_buffer(), history_cols,
-                 where.attach(s).raw_buffer(), where.attach(p).raw_buffer(), table.raw_buffer(),
-                 offsets.raw_buffer(), int32_t(map.mode), int32_t(pool_size), where.attach(o).raw_buffer());
+                                              where.attach(s).raw_buffer(), where.attach(p).raw_buffer(),
+                                              table.raw_buffer(), offsets.raw_buffer(), int32_t(map.mode),
+                                              int32_t(pool_size), where.attach(o).raw_buffer());
 }
 
 void history_group_budget_for_topk(int64_t topk, int32_t pool_size, int64_t *groups) {

@@ -27,12 +27,12 @@ void fwht128_quant_fp8(const kpool_tensor *q_, const kpool_tensor *q_fp8_, const
         HalideBuffer in = wrap_row_words(q, 8), codes = wrap_row_words(q_fp8, 4),
                      scales = wrap_row_scales(q_scale, KPOOL_HEAD_DIM / 4);
         where.launch<Kernel::FWHT_WORDS>("fwht128_quant_fp8", 0, ElementType::none, where.attach(in).raw_buffer(),
-                     where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
+                                         where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
         return;
     }
     HalideBuffer in = wrap(q), codes = wrap(q_fp8), scales = wrap_row_scales(q_scale);
     where.launch<Kernel::FWHT>("fwht128_quant_fp8", 0, ElementType::none, where.attach(in).raw_buffer(),
-                 where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
+                               where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
 }
 
 }  // namespace kpool::rt

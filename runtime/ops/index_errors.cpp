@@ -23,7 +23,7 @@ void mark_index_errors(const Placement &where, kpool_index_arg arg, const Tensor
     HalideBuffer enabled = mask ? where.attach(wrap(*mask)) : where.all_true(entries.dim(0).extent());
     HalideBuffer word = where.words(where.index_errors() + arg, 1);
     where.launch<Kernel::INDEX_CHECK>(index.name, 0, index_type(index), where.attach(entries).raw_buffer(),
-                 enabled.raw_buffer(), limit, word.raw_buffer());
+                                      enabled.raw_buffer(), limit, word.raw_buffer());
 }
 
 void check_index_errors(int32_t device_index, const kpool_exec *exec) {

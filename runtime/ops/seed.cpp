@@ -29,8 +29,8 @@ void seed_tail_cache(const kpool_tensor *tail_kv_cache_, const kpool_tensor *key
     }
     HalideBuffer k = wrap(key), g = wrap(gate), ts = wrap(tslot), t = wrap_tail(tail);
     where.launch<Kernel::SEED_TAIL>("kpool_seed_tail_cache", 0, index_type(tslot), where.attach(k).raw_buffer(),
-                 where.attach(g).raw_buffer(), where.attach(ts).raw_buffer(), int32_t(pool_size),
-                 where.attach(t).raw_buffer());
+                                    where.attach(g).raw_buffer(), where.attach(ts).raw_buffer(), int32_t(pool_size),
+                                    where.attach(t).raw_buffer());
 }
 
 }  // namespace kpool::rt
