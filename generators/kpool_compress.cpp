@@ -102,7 +102,7 @@ public:
         using namespace estimate;
         loc.set_estimates({{0, kPools}});
         write_mask.set_estimates({{0, kPools}});
-        cache.set_estimates({{0, kHeadDim}, {0, kBlockSize}, {0, kCacheBlocks}});
+        cache.set_estimates(estimate::kv_cache());
         if (estimate_inputs()) {
             return;
         }

@@ -76,22 +76,16 @@ struct DecodeWriteArguments {
     GeneratorInput<bool> round_scale{"round_scale"};
 
     void set_estimates(int P) {
-        using namespace estimate;
-        tail.set_estimates({{0, kHeadDim}, {0, P}, {0, 2}, {0, kTailBlocks}});
+        tail.set_estimates(estimate::tail_ring(P));
         for (auto *per_token : {&tail_slot_mapping, &slot_mapping, &positions}) {
-            per_token->set_estimates({{0, kNextN}, {0, kRequests}});
+            per_token->set_estimates(estimate::decode_tokens());
         }
-        key.set_estimates({{0, kHeadDim}, {0, kNextN}, {0, kRequests}});
-        slot_score.set_estimates({{0, kHeadDim}, {0, kNextN}, {0, kRequests}});
+        key.set_estimates(estimate::decode_rows());
+        slot_score.set_estimates(estimate::decode_rows());
         ape.set_estimates({{0, kHeadDim}, {0, P}});
         round_scale.set_estimate(true);
     }
 };
-
-// The K cache's estimate (kpool_stages.h).
-Region cache_estimate() {
-    return {{0, kHeadDim}, {0, estimate::kBlockSize}, {0, estimate::kCacheBlocks}};
-}
 
 // Every completing token's pool, compressed and written into `cache` (the K
 // cache in place, as (codes, scales) views) over s.write: (d, token, request).
@@ -216,7 +210,7 @@ public:
 
     void schedule() {
         in.set_estimates(pool_size);
-        cache.set_estimates(cache_estimate());
+        cache.set_estimates(estimate::kv_cache());
         if (using_autoscheduler()) {
             return;
         }
@@ -269,8 +263,8 @@ public:
 
     void schedule() {
         in.set_estimates(pool_size);
-        cache.set_estimates(cache_estimate());
-        tail_out.set_estimates({{0, kHeadDim}, {0, pool_size}, {0, 2}, {0, estimate::kTailBlocks}});
+        cache.set_estimates(estimate::kv_cache());
+        tail_out.set_estimates(estimate::tail_ring(pool_size));
         if (using_autoscheduler()) {
             return;
         }
@@ -321,13 +315,12 @@ public:
     }
 
     void schedule() {
-        using namespace estimate;
         for (auto *per_token : {&tail_slot_mapping, &positions}) {
-            per_token->set_estimates({{0, kNextN}, {0, kRequests}});
+            per_token->set_estimates(estimate::decode_tokens());
         }
-        key.set_estimates({{0, kHeadDim}, {0, kNextN}, {0, kRequests}});
-        slot_score.set_estimates({{0, kHeadDim}, {0, kNextN}, {0, kRequests}});
-        tail.set_estimates({{0, kHeadDim}, {0, kPoolSize}, {0, 2}, {0, kTailBlocks}});
+        key.set_estimates(estimate::decode_rows());
+        slot_score.set_estimates(estimate::decode_rows());
+        tail.set_estimates(estimate::tail_ring(estimate::kPoolSize));
         if (using_autoscheduler()) {
             return;
         }

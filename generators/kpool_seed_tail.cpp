@@ -64,7 +64,7 @@ public:
         gate_score.set_estimates({{0, kHeadDim}, {0, kTokens}});
         tslot.set_estimates({{0, kTokens}});
         pool_size.set_estimate(kPoolSize);
-        tail.set_estimates({{0, kHeadDim}, {0, kPoolSize}, {0, 2}, {0, kTailBlocks}});
+        tail.set_estimates(tail_ring(kPoolSize));
         if (using_autoscheduler()) {
             return;
         }

@@ -140,6 +140,11 @@ constexpr int kPools = 4096, kPoolSize = 4, kTokens = 16384;
 constexpr int kRequests = 512, kNextN = 2;
 constexpr int kCacheBlocks = 1024, kBlockSize = 64, kTailBlocks = 1024;
 constexpr int kExpandRows = 1024, kTopk = 2048, kSeqLen = 131072;
+// The shapes more than one generator shares.
+inline Halide::Region tail_ring(int ring) { return {{0, kHeadDim}, {0, ring}, {0, 2}, {0, kTailBlocks}}; }
+inline Halide::Region kv_cache() { return {{0, kHeadDim}, {0, kBlockSize}, {0, kCacheBlocks}}; }
+inline Halide::Region decode_tokens() { return {{0, kNextN}, {0, kRequests}}; }         // (token, request)
+inline Halide::Region decode_rows() { return {{0, kHeadDim}, {0, kNextN}, {0, kRequests}}; }  // (d, token, request)
 }  // namespace estimate
 
 // Each picks the family (cpu.h, cuda.h) from the plan's target.
