@@ -94,6 +94,27 @@ class Case:
         return out
 
 
+# The op calls, on a workload's inputs and the caches given (the case's own
+# copies, or the inputs' caches themselves).
+def call_compress(lib, x, P, kv_cache):
+    return lib.kpool_compress_and_write_cache(kv_cache, x["slot_k"], x["slot_score"], x["ape"], x["loc"], P,
+                                              write_mask=x["write_mask"])
+
+
+def call_seed(lib, x, P, tail):
+    return lib.kpool_seed_tail_cache(tail, x["key"], x["gate_score"], x["tslot"], P)
+
+
+def call_decode(lib, x, P, kv_cache, tail):
+    return lib.kpool_decode_update_and_maybe_write_cache_batched(
+        kv_cache, tail, x["tail_slot_mapping"], x["key"], x["slot_score"], x["ape"], x["slot_mapping"],
+        x["positions"], P)
+
+
+def call_expand(lib, x, P):
+    return lib.expand_pools_and_append_tail(x["pool_ids"], x["seq_lens"], P)
+
+
 def cases_fwht(kt, gen, quick):
     for rows in kt.sweep(kt.FWHT_ROWS, quick):
         q = kt.fwht_inputs(gen, rows)["q"]
@@ -109,8 +130,7 @@ def cases_compress(kt, gen, quick):
                 kv = x["kv_cache"]
 
                 def run(lib, st, x=x, P=P):
-                    return lib.kpool_compress_and_write_cache(st[0], x["slot_k"], x["slot_score"], x["ape"], x["loc"],
-                                                              P, write_mask=x["write_mask"])
+                    return call_compress(lib, x, P, st[0])
 
                 prm = dict(n_pools=n, pool=P, num_blocks=kv.shape[0], mask=mask)
                 yield Case("kpool_compress_and_write_cache", prm, kt.compress_bytes(n, P, x["write_mask"]), run,
@@ -123,7 +143,7 @@ def cases_seed(kt, gen, quick):
             x = kt.seed_inputs(gen, n, P)
 
             def run(lib, st, x=x, P=P):
-                return lib.kpool_seed_tail_cache(st[0], x["key"], x["gate_score"], x["tslot"], P)
+                return call_seed(lib, x, P, st[0])
 
             prm = dict(tokens=n, requests=x["requests"], pool=P, ring=x["ring"], seeded=x["seeded"])
             yield Case("kpool_seed_tail_cache", prm, kt.seed_bytes(n, x["seeded"]), run,
@@ -137,9 +157,7 @@ def cases_decode(kt, gen, quick):
                 x = kt.decode_inputs(gen, R, nn, P)
 
                 def run(lib, st, x=x, P=P):
-                    return lib.kpool_decode_update_and_maybe_write_cache_batched(
-                        st[0], st[1], x["tail_slot_mapping"], x["key"], x["slot_score"], x["ape"], x["slot_mapping"],
-                        x["positions"], P)
+                    return call_decode(lib, x, P, st[0], st[1])
 
                 prm = dict(requests=R, next_n=nn, pool=P, ring=x["ring"], completions=x["completions"])
                 yield Case("kpool_decode_update_..._batched", prm, kt.decode_bytes(*x["meta"], P), run,
@@ -153,7 +171,7 @@ def cases_expand(kt, gen, quick):
             prm = dict(rows=rows, topk=kt.TOPK, pool=P)
 
             def fused(lib, st, x=x, P=P):
-                return lib.expand_pools_and_append_tail(x["pool_ids"], x["seq_lens"], P)
+                return call_expand(lib, x, P)
 
             def twins(lib, st, x=x, P=P):
                 e = lib.expand_pools_to_tokens(x["pool_ids"], x["group_valid"], kt.TOPK, P)
@@ -179,11 +197,8 @@ def engine_steps(kt, gen, quick):
                 e = kt.expand_inputs(gen, rows, P)
                 ops = [("fwht", kt.fwht_bytes(rows * HEADS), lambda lib, q=q: lib.fwht128_quant_fp8(q)),
                        ("decode", kt.decode_bytes(*d["meta"], P),
-                        lambda lib, d=d, P=P: lib.kpool_decode_update_and_maybe_write_cache_batched(
-                            d["kv_cache"], d["tail_kv_cache"], d["tail_slot_mapping"], d["key"], d["slot_score"],
-                            d["ape"], d["slot_mapping"], d["positions"], P)),
-                       ("expand", kt.expand_bytes(rows, P),
-                        lambda lib, e=e, P=P: lib.expand_pools_and_append_tail(e["pool_ids"], e["seq_lens"], P))]
+                        lambda lib, d=d, P=P: call_decode(lib, d, P, d["kv_cache"], d["tail_kv_cache"])),
+                       ("expand", kt.expand_bytes(rows, P), lambda lib, e=e, P=P: call_expand(lib, e, P))]
                 yield "decode step", dict(requests=R, next_n=nn, pool=P), ops
     for n in STEP_PREFILL[:1] if quick else STEP_PREFILL:
         for P in kt.POOLS:
@@ -192,11 +207,9 @@ def engine_steps(kt, gen, quick):
             s = kt.seed_inputs(gen, n, P)
             ops = [("fwht", kt.fwht_bytes(n * HEADS), lambda lib, q=q: lib.fwht128_quant_fp8(q)),
                    ("compress", kt.compress_bytes(n // P, P),
-                    lambda lib, c=c, P=P: lib.kpool_compress_and_write_cache(
-                        c["kv_cache"], c["slot_k"], c["slot_score"], c["ape"], c["loc"], P)),
+                    lambda lib, c=c, P=P: call_compress(lib, c, P, c["kv_cache"])),
                    ("seed", kt.seed_bytes(n, s["seeded"]),
-                    lambda lib, s=s, P=P: lib.kpool_seed_tail_cache(s["tail_kv_cache"], s["key"], s["gate_score"],
-                                                                    s["tslot"], P))]
+                    lambda lib, s=s, P=P: call_seed(lib, s, P, s["tail_kv_cache"]))]
             yield "prefill step", dict(tokens=n, pool=P), ops
 
 
