@@ -1,20 +1,64 @@
+# kpool_knobs(<family> <out-var>)
+#
+# The family's schedule parameters from ${KPOOL_KNOBS_DIR}/<family>.knobs
+# (lines "name = value : legal values"), as the "name:value,..." string the
+# generators take (knobs=...). A value outside its legal values fails the
+# configure; editing the file re-runs it.
+function(kpool_knobs family out)
+    set(file "${KPOOL_KNOBS_DIR}/${family}.knobs")
+    if (NOT EXISTS "${file}")
+        message(FATAL_ERROR "no schedule parameters for ${family}: ${file} is missing")
+    endif ()
+    set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${file}")
+    file(STRINGS "${file}" lines REGEX "^[a-z0-9_.]+ *=")
+    set(knobs "")
+    foreach (line IN LISTS lines)
+        if (NOT line MATCHES "^([a-z0-9_.]+) *= *(-?[0-9]+) *: *([-0-9 ]+)$")
+            message(FATAL_ERROR "${file}: not \"name = value : legal values\": ${line}")
+        endif ()
+        set(name "${CMAKE_MATCH_1}")
+        set(value "${CMAKE_MATCH_2}")
+        string(REGEX REPLACE " +" ";" legal "${CMAKE_MATCH_3}")
+        if (NOT value IN_LIST legal)
+            message(FATAL_ERROR "${file}: ${name} = ${value} is not among its legal values (${CMAKE_MATCH_3})")
+        endif ()
+        list(APPEND knobs "${name}:${value}")
+    endforeach ()
+    list(JOIN knobs "," knobs)
+    set(${out} "${knobs}" PARENT_SCOPE)
+endfunction()
+
 # kpool_add_kernel(<function> GENERATOR <gen> DEVICE <cpu|sm80|sm90> [PARAMS k=v ...]
-#                  [AUTOSCHEDULER Halide::<name>])
+#                  [KNOBS name:value,...] [AUTOSCHEDULER Halide::<name>])
 #
 # One ahead-of-time kernel variant: a static library whose function is
 # <function>, built from generator <gen> of kpool_generators for the host CPU
-# or for a CUDA GPU family (the schedule in schedules/ tuned for it), sharing
-# the one Halide runtime (kpool_halide_runtime). Every variant is recorded in
+# or for a CUDA GPU family (the schedule in schedules/ tuned for it, with the
+# family's knobs, or KNOBS when given: a tuning candidate's), sharing the one
+# Halide runtime (kpool_halide_runtime). Every variant is recorded in
 # KPOOL_KERNEL_LIBS, and in the dispatch table when it carries a VARIANT line.
+# A CPU kernel that names a GPU family (PARAMS gpu=<family>: its layout,
+# tested on the CPU) gets the knobs of both.
 function(kpool_add_kernel function)
-    cmake_parse_arguments(ARG "" "GENERATOR;VARIANT;DEVICE;AUTOSCHEDULER" "PARAMS" ${ARGN})
+    cmake_parse_arguments(ARG "" "GENERATOR;VARIANT;DEVICE;AUTOSCHEDULER;KNOBS" "PARAMS" ${ARGN})
+    kpool_knobs(${ARG_DEVICE} knobs)
     if (ARG_DEVICE STREQUAL "cpu")
         set(features ${KPOOL_CPU_FEATURES})
         set(params ${ARG_PARAMS})
+        foreach (param IN LISTS ARG_PARAMS)
+            if (param MATCHES "^gpu=(.+)$")
+                kpool_knobs(${CMAKE_MATCH_1} family_knobs)
+                string(APPEND knobs ",${family_knobs}")
+            endif ()
+        endforeach ()
     else ()
         set(features ${KPOOL_CUDA_FEATURES})
         set(params ${ARG_PARAMS} gpu=${ARG_DEVICE})
     endif ()
+    if (DEFINED ARG_KNOBS)
+        set(knobs "${ARG_KNOBS}")
+    endif ()
+    list(APPEND params knobs=${knobs})
     set(extra_outputs)
     if (KPOOL_INSPECT)
         set(extra_outputs STMT_HTML ASSEMBLY)

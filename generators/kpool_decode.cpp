@@ -200,13 +200,14 @@ class DecodeWriteCache : public Generator<DecodeWriteCache> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
     GeneratorParam<std::string> gpu{"gpu", ""};
+    GeneratorParam<std::string> knobs{"knobs", ""};
     GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};  // or "triton" (kpool_numerics.h)
 
     DecodeWriteArguments in;
     // The K cache in place, as (codes, scales) views (kpool_algorithms.h).
     Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
 
-    void generate() { define_completions(stages, in, cache, pool_size, {get_target(), gpu}, arithmetic); }
+    void generate() { define_completions(stages, in, cache, pool_size, {get_target(), gpu, knobs}, arithmetic); }
 
     void schedule() {
         in.set_estimates(pool_size);
@@ -215,7 +216,7 @@ public:
             return;
         }
         stages.cache = cache;
-        schedule_decode_write(stages, {get_target(), gpu});
+        schedule_decode_write(stages, {get_target(), gpu, knobs});
     }
 
 private:
@@ -232,6 +233,7 @@ class DecodeUpdate : public Generator<DecodeUpdate> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
     GeneratorParam<std::string> gpu{"gpu", ""};
+    GeneratorParam<std::string> knobs{"knobs", ""};
     GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};
 
     DecodeWriteArguments in;
@@ -239,7 +241,7 @@ public:
     Output<Buffer<uint16_t, 4>> tail_out{"tail_out"};  // (d, ring_pos, half, block), in place
 
     void generate() {
-        const BuildPlan plan{get_target(), gpu};
+        const BuildPlan plan{get_target(), gpu, knobs};
         define_completions(stages.write, in, cache, pool_size, plan, arithmetic);
         Ring ring_math(in.tail.dim(1).extent());
         Expr next_n = in.key.dim(1).extent();
@@ -270,7 +272,7 @@ public:
         }
         stages.write.cache = cache;
         stages.tail = tail_out;
-        schedule_decode_update(stages, {get_target(), gpu});
+        schedule_decode_update(stages, {get_target(), gpu, knobs});
     }
 
 private:
@@ -280,6 +282,7 @@ private:
 class DecodeStashTail : public Generator<DecodeStashTail> {
 public:
     GeneratorParam<std::string> gpu{"gpu", ""};
+    GeneratorParam<std::string> knobs{"knobs", ""};
 
     Input<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
     Input<Buffer<uint16_t, 3>> key{"key"};                             // (d, token, request)
@@ -325,7 +328,7 @@ public:
             return;
         }
         stages.tail = tail;
-        schedule_decode_stash(stages, {get_target(), gpu});
+        schedule_decode_stash(stages, {get_target(), gpu, knobs});
     }
 
 private:

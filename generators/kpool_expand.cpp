@@ -44,6 +44,7 @@ PoolColumn pool_column(Expr c, Expr P) {
 class ExpandPoolsAndAppendTail : public Generator<ExpandPoolsAndAppendTail> {
 public:
     GeneratorParam<std::string> gpu{"gpu", ""};
+    GeneratorParam<std::string> knobs{"knobs", ""};
 
     Input<Buffer<void, 2>> pool_ids{"pool_ids"};      // (g, row) int32 or int64
     Input<int> groups{"groups"};                      // G: pool_ids columns in use
@@ -84,7 +85,7 @@ public:
         if (using_autoscheduler()) {
             return;
         }
-        schedule_expand(stages, {get_target(), gpu});
+        schedule_expand(stages, {get_target(), gpu, knobs});
     }
 
 private:
@@ -94,6 +95,7 @@ private:
 class ExpandPoolsToTokens : public Generator<ExpandPoolsToTokens> {
 public:
     GeneratorParam<std::string> gpu{"gpu", ""};
+    GeneratorParam<std::string> knobs{"knobs", ""};
 
     Input<Buffer<void, 2>> group_ids{"group_ids"};         // (g, row) int32 or int64
     Input<Buffer<uint8_t, 2>> group_valid{"group_valid"};  // (g, row)
@@ -131,7 +133,7 @@ public:
         if (using_autoscheduler()) {
             return;
         }
-        schedule_expand(stages, {get_target(), gpu});
+        schedule_expand(stages, {get_target(), gpu, knobs});
     }
 
 private:
@@ -141,6 +143,7 @@ private:
 class AppendTailToTopk : public Generator<AppendTailToTopk> {
 public:
     GeneratorParam<std::string> gpu{"gpu", ""};
+    GeneratorParam<std::string> knobs{"knobs", ""};
 
     Input<Buffer<int32_t, 2>> topk_result{"topk_result"};  // (col, row)
     Input<int> history_cols{"history_cols"};               // C: topk_result columns in use
@@ -184,7 +187,7 @@ public:
         if (using_autoscheduler()) {
             return;
         }
-        schedule_expand(stages, {get_target(), gpu});
+        schedule_expand(stages, {get_target(), gpu, knobs});
     }
 
 private:

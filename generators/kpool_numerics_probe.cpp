@@ -9,6 +9,8 @@ using namespace Halide;
 
 class NumericsProbe : public Generator<NumericsProbe> {
 public:
+    GeneratorParam<std::string> knobs{"knobs", ""};  // the CPU's, as every kernel's build passes
+
     Input<Buffer<float, 1>> x{"x"};
     Output<Buffer<uint8_t, 1>> e4m3{"e4m3"};         // e4m3_encode(x)
     Output<Buffer<uint16_t, 1>> bf16{"bf16"};        // f32_to_bf16(x)
@@ -26,7 +28,7 @@ public:
         stages.outputs = {e4m3, bf16, ue8m0, linear, exp_f32};
     }
 
-    void schedule() { schedule_numerics_probe(stages, {get_target(), ""}); }
+    void schedule() { schedule_numerics_probe(stages, {get_target(), "", knobs}); }
 
 private:
     NumericsProbeStages stages;

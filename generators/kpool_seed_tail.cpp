@@ -9,6 +9,7 @@ using namespace Halide;
 class SeedTail : public Generator<SeedTail> {
 public:
     GeneratorParam<std::string> gpu{"gpu", ""};
+    GeneratorParam<std::string> knobs{"knobs", ""};
 
     Input<Buffer<uint16_t, 2>> key{"key"};                // (d, token) bf16 bits
     Input<Buffer<uint16_t, 2>> gate_score{"gate_score"};  // (d, token)
@@ -39,7 +40,7 @@ public:
         // Token i = group * G + member: consecutive tokens in different
         // members, which a schedule may run side by side (a request's last P
         // tokens are consecutive). Tokens past n are not seeded.
-        const int G = schedule_decisions({get_target(), gpu}, {KernelAsked::Kind::SeedTail}).seed_group_size;
+        const int G = schedule_decisions({get_target(), gpu, knobs}, {KernelAsked::Kind::SeedTail}).seed_group_size;
         RDom &r = stages.copy;
         r = RDom(0, kHeadDim, 0, 2, 0, G, 0, (n + G - 1) / G, "copy");
         Expr i = r[3] * G + r.z;
@@ -69,7 +70,7 @@ public:
             return;
         }
         stages.tail = tail;
-        schedule_seed_tail(stages, {get_target(), gpu});
+        schedule_seed_tail(stages, {get_target(), gpu, knobs});
     }
 
 private:

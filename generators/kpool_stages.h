@@ -4,7 +4,7 @@
 // written (ScheduleDecisions), and the schedule_*() hooks. The algorithms
 // (generators/) state the math only and include nothing from schedules/;
 // the schedule families (schedules/: cpu.cpp for the host CPU, cuda.cpp for
-// CUDA, one plan per GPU family) implement the hooks, and
+// CUDA, each family's parameters in <family>.knobs) implement the hooks, and
 // schedules/kpool_schedules.cpp picks the family from the target.
 #pragma once
 
@@ -18,12 +18,14 @@ namespace kpool {
 using Halide::RDom;
 using Halide::Target;
 
-// What the generator knows of its build: the target, and for GPU targets
-// which GPU family the schedule is tuned for (Halide 21 cannot name sm_90,
-// so the capability alone does not say).
+// What the generator knows of its build: the target, for GPU targets which
+// GPU family the schedule is tuned for (Halide 21 cannot name sm_90, so the
+// capability alone does not say), and the family's schedule parameters, as
+// the build read them from schedules/<family>.knobs ("name:value,...").
 struct BuildPlan {
     Target target;
-    std::string gpu;  // "", "sm80", "sm90"
+    std::string gpu;    // "", "sm80", "sm90"
+    std::string knobs;  // e.g. "fwht.values:32,fwht.run:4"
 };
 
 // The kernel a generator asks its decisions for.

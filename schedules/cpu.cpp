@@ -6,6 +6,8 @@
 // pools of 4 in 5.5 ms, decode of 9 x 2 tokens 13 us per call.
 #include "cpu.h"
 
+#include "knobs.h"
+
 namespace kpool::cpu {
 
 RowLayout row_layout(const BuildPlan &, const KernelAsked &) { return RowLayout{1}; }
@@ -13,8 +15,6 @@ RowLayout row_layout(const BuildPlan &, const KernelAsked &) { return RowLayout{
 using namespace Halide;
 
 namespace {
-
-constexpr int kRowsPerTask = 16;
 
 // Every stage of one row's compute, placed at `at` and vectorized over its
 // lanes (the CPU layout has one value per lane: lanes are elements; a GPU
@@ -55,7 +55,7 @@ void compute_pool_at(CompressPool &c, const Var &d, const Var &j, const Var &lan
 
 void schedule_fwht(FwhtStages &s, const BuildPlan &plan) {
     Var ro{"row_chunk"}, ri{"row_in_chunk"};
-    s.out.split(s.row, ro, ri, kRowsPerTask, TailStrategy::GuardWithIf).parallel(ro);
+    s.out.split(s.row, ro, ri, Knobs(plan)["fwht.rows_per_task"], TailStrategy::GuardWithIf).parallel(ro);
     if (s.layout.values_per_lane > 1 || s.codes_per_word > 1) {
         // A GPU family's layout (or words) on the CPU, only to test its
         // algorithm: every stage at its row, scalar.
@@ -75,7 +75,7 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan)
     // Duplicate locs are the caller's race, as in the reference (docs/).
     s.cache.update(0)
         .allow_race_conditions()
-        .split(s.write.y, po, pi, kRowsPerTask, TailStrategy::GuardWithIf)
+        .split(s.write.y, po, pi, Knobs(plan)["compress.pools_per_task"], TailStrategy::GuardWithIf)
         .parallel(po)
         .vectorize(s.write.x, lanes)
         .specialize(s.compress.rotate.quant.round_scale);
@@ -85,7 +85,9 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan)
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan) {
     const int lanes = plan.target.natural_vector_size<float>();
     Var po{"pool_chunk"}, pi{"pool_in_chunk"};
-    s.out.split(s.pool, po, pi, kRowsPerTask, TailStrategy::GuardWithIf).parallel(po).vectorize(s.d, lanes);
+    s.out.split(s.pool, po, pi, Knobs(plan)["compress.pools_per_task"], TailStrategy::GuardWithIf)
+        .parallel(po)
+        .vectorize(s.d, lanes);
     s.out.specialize(s.compress.rotate.quant.round_scale);
     compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.out, pi), lanes);
 }
@@ -95,7 +97,7 @@ void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan) {
     // Token groups are single tokens here (seed_group_size: 1).
     s.tail.update(0)
         .allow_race_conditions()
-        .split(s.copy[3], to, ti, 64, TailStrategy::GuardWithIf)
+        .split(s.copy[3], to, ti, Knobs(plan)["seed.tokens_per_task"], TailStrategy::GuardWithIf)
         .parallel(to)
         .vectorize(s.copy.x, plan.target.natural_vector_size<uint16_t>());
 }

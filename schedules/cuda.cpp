@@ -9,6 +9,8 @@
 // go to grid x: grid y and z stop at 65535.
 #include "cuda.h"
 
+#include "knobs.h"
+
 #include <cstring>
 #include <string>
 
@@ -24,78 +26,62 @@ void pure_stage_on_gpu(Func out) {
     out.gpu_single_thread();
 }
 
-// Tuned parameters per GPU family: data, not code. The defaults are the
-// sm80 family's; a family's row names only how it differs.
+// A family's schedule parameters, read from its schedules/<family>.knobs
+// (the values; their legal values and the measurements behind them are
+// there too): what each one decides.
 struct CudaPlan {
-    const char *gpu = "sm80";
-    int row_threads = 128;  // threads per block of the fwht and compress kernels
+    explicit CudaPlan(const BuildPlan &build) : CudaPlan(Knobs(build)) {}
+    explicit CudaPlan(const Knobs &k)
+        : e4m3_sm90(k["e4m3.hardware"] != 0),
+          fwht_values(k["fwht.values"]),
+          fwht_run(k["fwht.run"]),
+          fwht_row_threads(k["fwht.row_threads"]),
+          compress_row_threads(k["compress.row_threads"]),
+          compress_values(k["compress.exact_values"]),
+          compress_triton_values(k["compress.triton_values"]),
+          decode_values(k["decode.values"]),
+          decode_exact_pool_per_element(k["decode.exact_pool_per_element"] != 0),
+          decode_unrolled_exact_slots(k["decode.unrolled_exact_slots"]),
+          decode_tokens_per_block(k["decode.tokens_per_block"]),
+          seed_warps_per_block(k["seed.warps_per_block"]),
+          expand_cols(k["expand.cols"]),
+          expand_and_append_cols(k["expand.append_cols"]) {}
+
     // e4m3 codes from sm_90's cvt.rn.satfinite.e4m3x2.f32 (one instruction
     // per pair, the clamp included) instead of integer bit arithmetic.
-    bool e4m3_sm90 = false;
+    bool e4m3_sm90;
     // Values per lane of a row (4 to 32). More values per lane, fewer
     // instructions per element (in-lane butterflies instead of shuffles, one
     // index computation for more elements), more registers per lane.
-    int fwht_values = 16;
+    int fwht_values;
     // fwht's lanes hold runs of this many consecutive elements (RowLayout):
     // 4, one 8-byte word of bf16 in and one 4-byte word of codes out per
     // run in the words kernel; 1, a warp's loads of each v contiguous. (The
     // softmax kernels keep a lane's elements consecutive: their pool's per-d
     // stages are bounded per lane.)
-    int fwht_run = 4;
-    int compress_values = 8;         // exact arithmetic (slot loops kept)
-    int compress_triton_values = 4;  // slot loops unrolled: P x V weights live
-    int decode_values = 4;           // latency-bound: more lanes per token
+    int fwht_run;
+    int fwht_row_threads;        // threads per block of the fwht kernels
+    int compress_row_threads;    // threads per block of the compress kernels
+    int compress_values;         // exact arithmetic (slot loops kept)
+    int compress_triton_values;  // slot loops unrolled: P x V weights live
+    int decode_values;           // latency-bound: more lanes per token
     // Decode in the exact arithmetic pools each element of a completion on a
     // thread of its own rather than V per lane: the f64 exps make the pool
     // the longest chain. (The triton arithmetic's pool is short: there the
     // barrier and the idle threads cost more than they save.)
-    bool decode_exact_pool_per_element = true;
+    bool decode_exact_pool_per_element;
     // Decode unrolls its slot folds (a call is latency-bound) up to this many
     // slots in the exact arithmetic, always in the triton one. 16 fits an
     // element per thread; with V elements per lane (exact pool not per
     // element) P = 16 unrolled spills: 8 there.
-    int decode_unrolled_exact_slots = 16;
-    int seed_warps_per_block = 8;     // seed: warps per block (32 tokens each)
-    int decode_tokens_per_block = 4;  // decode: tokens of a request run side by side (triton), stashed per block
-    int expand_cols = 256;            // expand: output columns per thread block
-    int expand_and_append_cols = 1024;  // the same for expand_pools_and_append_tail
+    int decode_unrolled_exact_slots;
+    int decode_tokens_per_block;  // decode: tokens of a request run side by side (triton), stashed per block
+    int seed_warps_per_block;     // seed: warps per block (32 tokens each)
+    int expand_cols;              // expand: output columns per thread block
+    int expand_and_append_cols;   // the same for expand_pools_and_append_tail
 };
 
-// sm80: A100-class, not measured here. sm90: H100/H200, measured on an
-// H200 (docs/benchmarks.md, bench/run_on_gpu.sh). Static SASS instructions
-// per element (ptxas sm_90): fwht 82 at V=4, 50 at V=16 (1M rows: 345 ->
-// 308 us, interleaved 281 us); compress P=4 exact 386 at V=4, 306 at V=8
-// (262144 pools: 650 -> 600 us). Tried and slower: compress triton at V=8
-// (P=4 253 -> 267 us; P=16 spills, 799 -> 1246 us) and V=16 (374 us),
-// interleaved (P=16 1222 us); decode exact P=16 unrolled in lanes (spills:
-// 512 x 4 graph replay 20.0 -> 27.6 us; per element it does not spill);
-// compress exact per element as decode's (4 pools of 128 threads a block):
-// 262144 pools P=4 600 -> 1193 us, P=16 1967 -> 3203 us (and 22 GPU tests
-// failed against the CPU; not pursued).
-// Tried, no gain: an fwht variant for 16-byte-aligned rows with vector loads
-// and stores (non-interleaved, 8-byte loads, 16-byte code stores): 281 ->
-// 278 us.
-// A family is a row here and one in CMakeLists.txt's KPOOL_CUDA_FAMILY_TABLE.
-const CudaPlan kSm80;
-const CudaPlan kSm90 = [] {
-    CudaPlan p;
-    p.gpu = "sm90";
-    p.e4m3_sm90 = true;
-    p.fwht_values = 32;
-    return p;
-}();
-const CudaPlan *const kPlans[] = {&kSm80, &kSm90};
-
-const CudaPlan &plan_for(const BuildPlan &build) {
-    std::string known;
-    for (const CudaPlan *p : kPlans) {
-        if (build.gpu == p->gpu) {
-            return *p;
-        }
-        known += std::string(known.empty() ? "" : ", ") + p->gpu;
-    }
-    throw CompileError("no CUDA plan for gpu=" + build.gpu + " (known: " + known + ")");
-}
+CudaPlan plan_for(const BuildPlan &build) { return CudaPlan(build); }
 
 }  // namespace
 
@@ -134,8 +120,8 @@ void compute_row_in_warp(RotateQuant &r, const Var &v, const Var &lane, LoopLeve
 // > 1) a word of consecutive elements: row_threads / lanes rows per block,
 // each lane storing its V elements, run by run (RowLayout::element:
 // x = (run_index * lanes + lane) * run + in_run, in units of x).
-void rows_in_lanes(Func out, const Var &x, const Var &row, const Var &lane, const RowLayout &layout,
-                   const CudaPlan &plan, Var &row_in_block, int codes_per_word = 1) {
+void rows_in_lanes(Func out, const Var &x, const Var &row, const Var &lane, const RowLayout &layout, int row_threads,
+                   Var &row_in_block, int codes_per_word = 1) {
     if (layout.run % codes_per_word != 0) {
         throw CompileError("a lane's run of " + std::to_string(layout.run) + " elements cannot be stored in words of " +
                            std::to_string(codes_per_word));
@@ -143,7 +129,7 @@ void rows_in_lanes(Func out, const Var &x, const Var &row, const Var &lane, cons
     Var rb{"row_block"}, run_index{"run_index"}, in_run{"in_run"};
     out.split(x, x, in_run, layout.run / codes_per_word)
         .split(x, run_index, lane, layout.lanes())
-        .split(row, rb, row_in_block, plan.row_threads / layout.lanes(), TailStrategy::GuardWithIf)
+        .split(row, rb, row_in_block, row_threads / layout.lanes(), TailStrategy::GuardWithIf)
         .reorder(in_run, run_index, lane, row_in_block, rb)
         .gpu_blocks(rb)
         .gpu_threads(row_in_block)
@@ -155,7 +141,7 @@ void rows_in_lanes(Func out, const Var &x, const Var &row, const Var &lane, cons
 }  // namespace
 
 RowLayout row_layout(const BuildPlan &build, const KernelAsked &kernel) {
-    const CudaPlan &plan = plan_for(build);
+    const CudaPlan plan = plan_for(build);
     int values = 0;
     switch (kernel.kind) {
     case KernelAsked::Kind::Fwht:
@@ -179,8 +165,8 @@ RowLayout row_layout(const BuildPlan &build, const KernelAsked &kernel) {
 
 void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
     Var ri{"row_in_block"};
-    rows_in_lanes(s.out, s.codes_per_word > 1 ? s.word : s.d, s.row, s.lane, s.layout, plan_for(build), ri,
-                  s.codes_per_word);
+    rows_in_lanes(s.out, s.codes_per_word > 1 ? s.word : s.d, s.row, s.lane, s.layout,
+                  plan_for(build).fwht_row_threads, ri, s.codes_per_word);
     compute_row_in_warp(s.rotate, s.v, s.lane, LoopLevel(s.out, ri));
 }
 
@@ -219,14 +205,14 @@ void compute_pool_in_warp(CompressPool &c, const RowLayout &layout, const Var &d
 }
 
 void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build) {
-    const CudaPlan &plan = plan_for(build);
+    const CudaPlan plan = plan_for(build);
     RVar lane{"write_lane"}, v{"write_v"}, pb{"pool_block"}, pi{"pool_in_block"};
     pure_stage_on_gpu(s.cache);
     // Duplicate locs are the caller's race, as in the reference (docs/).
     s.cache.update(0)
         .allow_race_conditions()
         .split(s.write.x, lane, v, s.layout.values_per_lane)
-        .split(s.write.y, pb, pi, plan.row_threads / s.layout.lanes(), TailStrategy::GuardWithIf)
+        .split(s.write.y, pb, pi, plan.compress_row_threads / s.layout.lanes(), TailStrategy::GuardWithIf)
         .reorder(v, lane, pi, pb)
         .gpu_blocks(pb)
         .gpu_threads(pi)
@@ -238,7 +224,7 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
 
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) {
     Var pi{"pool_in_block"};
-    rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan_for(build), pi);
+    rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan_for(build).compress_row_threads, pi);
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi),
                          s.compress.pool.arithmetic == Arithmetic::Triton);
 }
@@ -335,7 +321,7 @@ void schedule_decode_write(DecodeWriteStages &, const BuildPlan &) {
 // are rare (one token in P), and a token that completes nothing skips its
 // pool, so the serial loop costs a few loads per token.
 void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
-    const CudaPlan &plan = plan_for(build);
+    const CudaPlan plan = plan_for(build);
     DecodeWriteStages &w = s.write;
     const bool per_element = plan.decode_exact_pool_per_element && w.compress.pool.arithmetic == Arithmetic::Exact;
     RVar request = w.write.z;
@@ -375,7 +361,7 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
 // token that a later one overwrites stashes nothing (the algorithm), so
 // tokens need no order.
 void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &build) {
-    const CudaPlan &plan = plan_for(build);
+    const CudaPlan plan = plan_for(build);
     RVar lane{"stash_lane"}, v{"stash_v"}, tb{"stash_token_block"}, ti{"stash_token"}, block{"stash_request_tokens"};
     pure_stage_on_gpu(s.tail);
     s.tail.update(0)
@@ -396,7 +382,7 @@ void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &build) {
 // y; each thread writes 4 consecutive int32 (16 bytes). Specialized for the
 // engines' pool sizes: the column's pool and offset by constant shifts.
 void schedule_expand(ExpandStages &s, const BuildPlan &build) {
-    const CudaPlan &plan = plan_for(build);
+    const CudaPlan plan = plan_for(build);
     const int cols = s.kind == ExpandStages::Kind::PoolsAndAppendTail ? plan.expand_and_append_cols : plan.expand_cols;
     Var cb{"col_block"}, ci{"col_in_block"}, ct{"col_thread"}, cv{"col_v"};
     s.out.split(s.col, cb, ci, cols, TailStrategy::GuardWithIf)

@@ -1,4 +1,5 @@
-// The CUDA schedule family, tuned per GPU (plans in cuda.cpp).
+// The CUDA schedule family, tuned per GPU family (its parameters in
+// schedules/<family>.knobs).
 #pragma once
 
 #include "kpool_stages.h"
