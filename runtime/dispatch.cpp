@@ -1,5 +1,6 @@
 #include "dispatch.h"
 
+#include <atomic>
 #include <string>
 #include <type_traits>
 
@@ -49,15 +50,40 @@ AnyKernel checked(Fn *function) {
     {{Family::family, Kernel::kind, pool_size, ElementType::type, Arithmetic::arithmetic},          \
      checked<Kernel::kind, Family::family>(&function)},
 const Variant kVariants[] = {KPOOL_FOR_EACH_VARIANT(KPOOL_VARIANT_ENTRY)};
+
+bool serves(const VariantKey &k, const VariantKey &key) {
+    return k.kind == key.kind && k.pool_size == key.pool_size && k.family == key.family && k.type == key.type &&
+           (k.arithmetic == Arithmetic::any || k.arithmetic == key.arithmetic);
+}
+
+#ifdef KPOOL_TUNING
+// A tuning build (tools/tune): every schedule candidate's kernels, and the
+// candidate selected with kpool_tune_select serving its keys in place of the
+// built variants (each candidate holds the kernels of the ops it tunes).
+struct Candidate {
+    int id;
+    Variant variant;
+};
+#define KPOOL_CANDIDATE_ENTRY(id, family, kind, pool_size, type, arithmetic, function) \
+    {id, KPOOL_VARIANT_ENTRY(family, kind, pool_size, type, arithmetic, function)},
+const Candidate kCandidates[] = {KPOOL_FOR_EACH_CANDIDATE(KPOOL_CANDIDATE_ENTRY)};
+#undef KPOOL_CANDIDATE_ENTRY
+std::atomic<int> selected_candidate{-1};
+#endif
 #undef KPOOL_VARIANT_ENTRY
 
 }  // namespace
 
 AnyKernel find_kernel(const VariantKey &key) {
+#ifdef KPOOL_TUNING
+    for (const Candidate &c : kCandidates) {
+        if (c.id == selected_candidate.load() && serves(c.variant.key, key)) {
+            return c.variant.function;
+        }
+    }
+#endif
     for (const Variant &v : kVariants) {
-        const VariantKey &k = v.key;
-        if (k.kind == key.kind && k.pool_size == key.pool_size && k.family == key.family && k.type == key.type &&
-            (k.arithmetic == Arithmetic::any || k.arithmetic == key.arithmetic)) {
+        if (serves(v.key, key)) {
             return v.function;
         }
     }
@@ -96,6 +122,21 @@ void check_halide(int result, const char *op) {
 }
 
 }  // namespace kpool::rt
+
+#ifdef KPOOL_TUNING
+// Selects tuning candidate `id` (-1: none, the built variants); returns how
+// many kernels it serves, 0 for an id the build does not hold (nothing
+// selected then).
+extern "C" int kpool_tune_select(int id) {
+    using namespace kpool::rt;
+    int kernels = 0;
+    for (const Candidate &c : kCandidates) {
+        kernels += c.id == id;
+    }
+    selected_candidate.store(kernels > 0 ? id : -1);
+    return kernels;
+}
+#endif
 
 // Halide's runtime reports errors here; keep the text for the status message
 // instead of printing it to stderr.

@@ -1,0 +1,556 @@
+#!/usr/bin/env python3
+"""Schedule autotuning for one kpool family (cpu, sm80, sm90), across the
+two machines kpool is built and measured on.
+
+  plan   (build machine: Halide, no GPU) reads schedules/<family>.knobs,
+         enumerates each tuning unit's legal knob values (pruned by the
+         file's `require` lines, sampled down to --max per unit), adds a
+         Halide-autoscheduled candidate per unit, and builds them all into
+         one tuning library next to the hand-scheduled variants (a build of
+         this project with KPOOL_TUNE_CANDIDATES): BUNDLE/libkpool.so and
+         BUNDLE/candidates.json. Candidates that fail to build are listed
+         there with the compiler's reason.
+  run    (the family's machine: the GPU machine for a GPU family; no Halide)
+         checks every candidate byte for byte against the hand variants on
+         the same inputs (and, in the exact arithmetic, against the CPU
+         kernels), times the valid ones (CUDA: graph replay; CPU: wall
+         clock), one progress line each, within --budget seconds; the
+         results file is rewritten after every candidate, so a run cut off
+         keeps what it measured.
+  apply  writes each unit's winner (the valid candidate with the lowest
+         geometric-mean time over the unit's cases, if it beats the hand
+         values by more than --min-gain) into schedules/<family>.knobs and prints the table
+         (hand, tuned, autoscheduled per case).
+
+A tuning unit is the knobs of one op (the name's prefix: fwht, compress,
+decode, seed, expand); knobs named *exact* form a unit of their own, timed in
+the exact arithmetic, the others in the reference's (the CUDA default). The
+CPU family has the exact arithmetic only. numpy is all `plan` and `apply`
+need; `run` needs torch on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+OPS = ("fwht", "compress", "decode", "seed", "expand")
+# Halide's autoscheduler per device: Anderson2021 is the GPU one the wheel
+# ships; Mullapudi2016 schedules the CPU from the generators' estimates.
+AUTOSCHEDULERS = {"cpu": "Mullapudi2016", "cuda": "Anderson2021"}
+KNOB_LINE = re.compile(r"^([a-z0-9_.]+)\s*=\s*(-?\d+)\s*:\s*([-\d ]+?)\s*$")
+
+
+# --- the knobs file -------------------------------------------------------------------------------
+def read_knobs(path):
+    """(values {name: int}, legal {name: [int]}, requires [expression])."""
+    values, legal, requires = {}, {}, []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            m = KNOB_LINE.match(line)
+            if m:
+                values[m[1]] = int(m[2])
+                legal[m[1]] = [int(v) for v in m[3].split()]
+            elif line.startswith("require "):
+                requires.append(line[len("require "):])
+    return values, legal, requires
+
+
+def write_knobs(path, new_values):
+    """Rewrites the values of the knobs named in new_values, leaving every
+    other line (comments, legal values, requires) as it is."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            m = KNOB_LINE.match(line.strip())
+            if m and m[1] in new_values:
+                head = line[:line.index("=") + 1]
+                value_and_pad = line[len(head):line.index(":")]
+                width = len(value_and_pad) - 1
+                line = f"{head} {str(new_values[m[1]]).ljust(width)}{line[line.index(':'):]}"
+            out.append(line)
+    with open(path, "w") as f:
+        f.writelines(out)
+
+
+def satisfies(knobs, requires):
+    env = {name.replace(".", "__"): v for name, v in knobs.items()}
+    return all(eval(re.sub(r"([a-z_]+)\.([a-z_]+)", r"\1__\2", r), {"__builtins__": {}}, env) for r in requires)
+
+
+def unit_of(knob):
+    op = knob.split(".")[0]
+    if op not in OPS:
+        return None  # a family's capability (e4m3.hardware), not tuned per op
+    return f"{op}.exact" if "exact" in knob else op
+
+
+def units(values, legal):
+    """{unit: [knob names]} of the knobs with more than one legal value."""
+    out = {}
+    for name in values:
+        u = unit_of(name)
+        if u and len(legal[name]) > 1:
+            out.setdefault(u, []).append(name)
+    return out
+
+
+def device_of(family):
+    return "cpu" if family == "cpu" else "cuda"
+
+
+def arithmetic_of(family, unit):
+    return "exact" if family == "cpu" or unit.endswith(".exact") else "triton"
+
+
+# --- plan -----------------------------------------------------------------------------------------
+def enumerate_unit(values, legal, requires, knobs, limit, rng):
+    """The unit's settings other than the hand one (all, or `limit` sampled)."""
+    settings = []
+    for combo in itertools.product(*(legal[k] for k in knobs)):
+        s = dict(zip(knobs, combo))
+        if s == {k: values[k] for k in knobs}:
+            continue
+        if satisfies({**values, **s}, requires):
+            settings.append(s)
+    if limit is not None and len(settings) > limit:
+        settings = rng.sample(settings, limit)
+    return settings
+
+
+def knob_string(knobs):
+    return ",".join(f"{k}:{v}" for k, v in knobs.items())
+
+
+def cmake_line(family, c):
+    op = c["unit"].split(".")[0]
+    args = [family, "CANDIDATE", str(c["id"]), "KNOBS", f'"{knob_string(c["knobs"])}"', "OPS", op]
+    if family != "cpu":
+        args += ["ARITHMETICS", c["arithmetic"]]
+    if c.get("autoscheduler"):
+        args += ["AUTOSCHEDULER", f"Halide::{c['autoscheduler']}"]
+    return "kpool_add_device_kernels(" + " ".join(args) + ")\n"
+
+
+def kernel_targets(build_dir, cid):
+    """The ninja targets of candidate cid's kernels (their functions end in _c<id>)."""
+    with open(os.path.join(build_dir, "kpool_variants.inc")) as f:
+        return re.findall(r"X\(%d, \w+, \w+, \d+, \w+, \w+, (\w+)\)" % cid, f.read())
+
+
+def cmake(args, log, env=None, timeout=None):
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         env=None if env is None else {**os.environ, **env})
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # the generator under ninja too
+        p.communicate()
+        return -1, f"error: not done after {timeout:.0f} s (--autoschedule-timeout)"
+    with open(log, "a") as f:
+        f.write(out)
+    return p.returncode, out
+
+
+def plan(a):
+    knobs_path = os.path.join(a.knobs_dir, f"{a.family}.knobs")
+    values, legal, requires = read_knobs(knobs_path)
+    rng = random.Random(a.seed)
+    candidates = []
+    for unit, names in units(values, legal).items():
+        if a.units and unit not in a.units:
+            continue
+        arith = arithmetic_of(a.family, unit)
+        for s in enumerate_unit(values, legal, requires, names, a.max, rng):
+            candidates.append(dict(id=len(candidates), unit=unit, arithmetic=arith, changed=s, knobs={**values, **s}))
+        if not a.no_autoscheduler:
+            candidates.append(dict(id=len(candidates), unit=unit, arithmetic=arith, changed={}, knobs=values,
+                                   autoscheduler=AUTOSCHEDULERS[device_of(a.family)]))
+    os.makedirs(a.bundle, exist_ok=True)
+    build = os.path.join(a.bundle, "build")
+    log = os.path.join(a.bundle, "build.log")
+    open(log, "w").close()
+    failed = []
+
+    def configure(cands):
+        with open(os.path.join(a.bundle, "candidates.cmake"), "w") as f:
+            f.write(f"# Generated by tools/tune/kpool_tune.py plan: {a.family} candidates.\n")
+            f.writelines(cmake_line(a.family, c) for c in cands)
+        families = [] if a.family == "cpu" else [f"-DKPOOL_CUDA_FAMILIES={a.family}"]
+        rc, out = cmake([a.cmake, "-S", REPO, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                         "-DKPOOL_BUILD_TESTS=OFF", f"-DKPOOL_KNOBS_DIR={a.knobs_dir}",
+                         f"-DKPOOL_TUNE_CANDIDATES={os.path.abspath(os.path.join(a.bundle, 'candidates.cmake'))}",
+                         f"-DKPOOL_CUDA={'OFF' if a.family == 'cpu' else 'ON'}", *families, *a.cmake_arg], log)
+        if rc != 0:
+            sys.exit(f"kpool_tune plan: cmake configure failed (see {log}):\n{out[-3000:]}")
+
+    # An autoscheduler may not take an op (warp shuffles, in-place scatter
+    # updates): its kernels are built one by one first, and a candidate whose
+    # kernel fails is reported with the error and left out of the library.
+    configure(candidates)
+    for c in [c for c in candidates if c.get("autoscheduler")]:
+        for target in kernel_targets(build, c["id"]):
+            rc, out = cmake([a.cmake, "--build", build, "--target", target], log, timeout=a.autoschedule_timeout)
+            if rc > 0:  # again for the reason: Halide prints an internal error's text only with debug output on
+                rc, out = cmake([a.cmake, "--build", build, "--target", target], log, env={"HL_DEBUG_CODEGEN": "1"})
+            if rc != 0:
+                errors = [line.strip() for line in out.splitlines() if re.search(r"error|Condition failed", line, re.I)
+                          and not line.startswith("FAILED")]
+                c["error"] = f"{target}: " + (" | ".join(errors[:3]) or out.strip().splitlines()[-1])[:600]
+                failed.append(c)
+                print(f"autoscheduled {c['unit']} ({c['autoscheduler']}) not built: {c['error']}", flush=True)
+                break
+    built = [c for c in candidates if "error" not in c]
+    if failed:
+        configure(built)
+    t0 = time.time()
+    rc, out = cmake([a.cmake, "--build", build, "--target", "kpool_shared", "--", f"-j{a.jobs}"], log)
+    if rc != 0:
+        sys.exit(f"kpool_tune plan: build failed (see {log}):\n{out[-3000:]}")
+    shutil.copy2(os.path.join(build, "libkpool.so"), os.path.join(a.bundle, "libkpool.so"))
+    with open(os.path.join(a.bundle, "candidates.json"), "w") as f:
+        json.dump(dict(family=a.family, knobs=values, candidates=built, failed=failed), f, indent=1)
+    n_units = len({c["unit"] for c in built})
+    print(f"kpool_tune plan: {len(built)} candidates in {n_units} units built ({time.time() - t0:.0f} s), "
+          f"{len(failed)} not; bundle: {a.bundle}/libkpool.so + candidates.json")
+
+
+# --- run: inputs, check, time ---------------------------------------------------------------------
+D, PAGE, ROW = 128, 64, 132
+
+
+def bf16(rng, shape, scale=1.0):
+    import numpy as np
+    f = (rng.standard_normal(shape) * scale).astype(np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def cases(unit, device, quick):
+    """(name, make(rng) -> dict of numpy inputs, call(kpool, x) -> outputs, state keys) per case:
+    the reference's sweep sizes on CUDA (bench/workloads.py), smaller ones on the CPU."""
+    import numpy as np
+    op = unit.split(".")[0]
+    gpu = device == "cuda"
+    pools = (4, 16)
+    out = []
+    if op == "fwht":
+        for rows in ((65536, 1048576) if gpu else (4096, 32768)):
+            out.append((f"rows={rows}", lambda rng, rows=rows: dict(q=bf16(rng, (rows, D))),
+                        lambda k, x: k.fwht128_quant_fp8(x["q"]), ()))
+    elif op == "compress":
+        for n in ((16384, 262144) if gpu else (1024, 8192)):
+            for P in pools:
+                def make(rng, n=n, P=P):
+                    nb = -(-n // PAGE) + 1
+                    return dict(kv=rng.integers(0, 256, (nb, PAGE, ROW), dtype=np.uint8), sk=bf16(rng, (n, P, D)),
+                                ss=bf16(rng, (n, P, D)), ape=(rng.standard_normal((P, D)) * 0.5).astype(np.float32),
+                                loc=rng.permutation(nb * PAGE)[:n].astype(np.int64))
+                out.append((f"pools={n} P={P}", make,
+                            lambda k, x, P=P: k.kpool_compress_and_write_cache(x["kv"], x["sk"], x["ss"], x["ape"],
+                                                                               x["loc"], P), ("kv",)))
+    elif op == "seed":
+        for n in ((65536, 262144) if gpu else (4096, 32768)):
+            for P in pools:
+                def make(rng, n=n, P=P, length=512):
+                    requests = n // length
+                    blocks = rng.permutation(2 * requests)[:requests]
+                    pos = np.arange(n) % length
+                    ts = (blocks[np.arange(n) // length] * P + pos % P).astype(np.int32)
+                    return dict(tail=bf16(rng, (2 * requests, 2, P, D)), key=bf16(rng, (n, D)),
+                                gate=bf16(rng, (n, D)), ts=ts)
+                out.append((f"tokens={n} P={P}", make,
+                            lambda k, x, P=P: k.kpool_seed_tail_cache(x["tail"], x["key"], x["gate"], x["ts"], P),
+                            ("tail",)))
+    elif op == "decode":
+        for R in ((64, 512) if gpu else (64,)):
+            for nn in (1, 4):
+                for P in pools:
+                    def make(rng, R=R, nn=nn, P=P):
+                        nb = max(64, -(-4 * R * nn // PAGE))
+                        blocks = rng.permutation(2 * R + 8)[:R]
+                        ctx = rng.integers(4 * P, 8192, R)
+                        pos = ctx[:, None] + np.arange(nn)[None, :]
+                        free = iter(rng.permutation(nb * PAGE).tolist())
+                        sm = np.array([[next(free) if p % P == P - 1 else -1 for p in row] for row in pos], np.int32)
+                        return dict(kv=np.zeros((nb, PAGE, ROW), np.uint8), tail=bf16(rng, (2 * R + 8, 2, P, D)),
+                                    ts=(blocks[:, None] * P + pos % P).astype(np.int32), key=bf16(rng, (R, nn, D)),
+                                    score=bf16(rng, (R, nn, D)),
+                                    ape=(rng.standard_normal((P, D)) * 0.5).astype(np.float32), sm=sm,
+                                    pos=pos.astype(np.int32))
+                    out.append((f"requests={R} next_n={nn} P={P}", make,
+                                lambda k, x, P=P: k.kpool_decode_update_and_maybe_write_cache_batched(
+                                    x["kv"], x["tail"], x["ts"], x["key"], x["score"], x["ape"], x["sm"], x["pos"], P),
+                                ("kv", "tail")))
+    elif op == "expand":
+        for rows in ((64, 4096) if gpu else (64,)):
+            for P in pools:
+                def make(rng, rows=rows, P=P, topk=2048):
+                    seq = rng.integers(topk, 131072, rows).astype(np.int32)
+                    ids = (rng.random((rows, topk // P)) * (seq[:, None] // P)).astype(np.int32)
+                    return dict(ids=ids, seq=seq)
+                out.append((f"rows={rows} P={P}", make,
+                            lambda k, x, P=P: k.expand_pools_and_append_tail(x["ids"], x["seq"], P), ()))
+    return out[:2] if quick else out
+
+
+class Device:
+    """Moves numpy inputs to the device, reads results back as bytes, times calls."""
+
+    def __init__(self, kind):
+        self.kind = kind
+        if kind == "cuda":
+            import torch
+            self.torch = torch
+
+    def put(self, x):
+        import numpy as np
+        if self.kind == "cpu":
+            return {k: v.copy() for k, v in x.items()}
+        t = self.torch
+        out = {}
+        for k, v in x.items():
+            if v.dtype == np.uint16:
+                out[k] = t.from_numpy(v.view(np.int16)).view(t.bfloat16).cuda()
+            else:
+                out[k] = t.from_numpy(v).cuda()
+        return out
+
+    def host_bytes(self, v):
+        import numpy as np
+        if v is None:
+            return []
+        if isinstance(v, (tuple, list)):
+            return [b for e in v for b in self.host_bytes(e)]
+        if self.kind == "cuda" and hasattr(v, "cpu"):
+            v = v.contiguous().view(self.torch.uint8).cpu().numpy()
+        return [np.ascontiguousarray(v).view(np.uint8).tobytes()]
+
+    def result(self, kpool, call, x, state):
+        xs = self.put(x)
+        out = call(kpool, xs)
+        if self.kind == "cuda":
+            self.torch.cuda.synchronize()
+        return self.host_bytes(out) + [b for k in state for b in self.host_bytes(xs[k])]
+
+    def time_us(self, kpool, call, x):
+        xs = self.put(x)
+        if self.kind == "cpu":
+            call(kpool, xs)
+            batches = []
+            for _ in range(5):
+                n, t0 = 0, time.perf_counter()
+                while n == 0 or time.perf_counter() - t0 < 0.05:
+                    call(kpool, xs)
+                    n += 1
+                batches.append((time.perf_counter() - t0) / n * 1e6)
+            return statistics.median(batches)
+        t = self.torch
+        stream = t.cuda.Stream()
+        stream.wait_stream(t.cuda.current_stream())
+        with t.cuda.stream(stream):
+            for _ in range(3):
+                call(kpool, xs)
+        t.cuda.current_stream().wait_stream(stream)
+        calls = 20
+        graph = t.cuda.CUDAGraph()
+        with t.cuda.graph(graph):
+            for _ in range(calls):
+                call(kpool, xs)
+        graph.replay()
+        start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(5):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / calls)
+        return statistics.median(times)
+
+
+def run(a):
+    with open(os.path.join(a.bundle, "candidates.json")) as f:
+        bundle = json.load(f)
+    family = bundle["family"]
+    os.environ["KPOOL_LIBRARY"] = os.path.abspath(os.path.join(a.bundle, "libkpool.so"))
+    if family != "cpu":
+        os.environ["KPOOL_CUDA_FAMILY"] = family
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import ctypes
+
+    import numpy as np
+    import kpool
+    select = ctypes.CDLL(os.environ["KPOOL_LIBRARY"]).kpool_tune_select
+    select.argtypes, select.restype = [ctypes.c_int], ctypes.c_int
+    device = Device(device_of(family))
+    deadline = time.time() + a.budget
+    results = dict(family=family, knobs=bundle["knobs"], failed_to_build=bundle["failed"], units={})
+    by_unit = {}
+    for c in bundle["candidates"]:
+        by_unit.setdefault(c["unit"], []).append(c)
+    order = [u for u in (a.units or by_unit) if u in by_unit]
+
+    def save():
+        with open(a.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+    total, done = sum(len(by_unit[u]) for u in order), 0
+    for unit in order:
+        kpool.set_arithmetic(arithmetic_of(family, unit))
+        rng = np.random.default_rng(a.seed)
+        unit_cases = [(name, make(rng), call, state) for name, make, call, state in cases(unit, device.kind, a.quick)]
+        select(-1)
+        hand = dict(times={}, )
+        expected = {}
+        for name, x, call, state in unit_cases:
+            expected[name] = device.result(kpool, call, x, state)
+            hand["times"][name] = device.time_us(kpool, call, x)
+        # The CPU kernels' bytes of the first case where the CPU computes
+        # this arithmetic (CUDA candidates in the exact arithmetic).
+        cpu_expected = None
+        if device.kind == "cuda" and arithmetic_of(family, unit) == "exact":
+            name, x, call, state = unit_cases[0]
+            cpu_expected = (name, Device("cpu").result(kpool, call, x, state))
+        entry = results["units"][unit] = dict(arithmetic=arithmetic_of(family, unit), hand=hand, candidates=[])
+        save()
+        for c in by_unit[unit]:
+            if time.time() > deadline:
+                entry["cut_off"] = True
+                print(f"[{done}/{total}] budget of {a.budget:.0f} s spent: {unit} stops here", flush=True)
+                break
+            done += 1
+            r = dict(id=c["id"], changed=c["changed"], autoscheduler=c.get("autoscheduler"), times={})
+            try:
+                if select(c["id"]) == 0:
+                    raise RuntimeError("the library holds no kernel of this candidate")
+                for name, x, call, state in unit_cases:
+                    got = device.result(kpool, call, x, state)
+                    if got != expected[name]:
+                        raise RuntimeError(f"{name}: bytes differ from the hand variant's")
+                    if cpu_expected and cpu_expected[0] == name and got != cpu_expected[1]:
+                        raise RuntimeError(f"{name}: bytes differ from the CPU kernels'")
+                    r["times"][name] = device.time_us(kpool, call, x)
+                r["valid"] = True
+            except Exception as e:  # noqa: BLE001 - every failure is reported with its reason
+                r["valid"], r["error"] = False, f"{type(e).__name__}: {e}"
+                if device.kind == "cuda":
+                    device.torch.cuda.synchronize()
+            finally:
+                select(-1)
+            entry["candidates"].append(r)
+            save()
+            what = r.get("autoscheduler") or knob_string(c["changed"])
+            status = f"{geomean_ratio(r['times'], hand['times']):.3f}x hand" if r["valid"] else r["error"]
+            print(f"[{done}/{total}] {unit:13} {what:50} {status}", flush=True)
+    save()
+    print(f"kpool_tune run: {done} of {total} candidates measured; results in {a.out}")
+
+
+# --- apply ----------------------------------------------------------------------------------------
+def geomean_ratio(times, hand):
+    names = [n for n in hand if n in times]
+    if not names or len(names) < len(hand):
+        return math.inf
+    return math.exp(sum(math.log(times[n] / hand[n]) for n in names) / len(names))
+
+
+def winners(results, min_gain=0.02):
+    """{unit: (best candidate or None, autoscheduled candidate or None)}: a
+    candidate replaces the hand values only if it is faster by more than
+    min_gain (timing noise), on every case of the unit measured."""
+    out = {}
+    for unit, e in results["units"].items():
+        tuned = [c for c in e["candidates"] if c["valid"] and not c.get("autoscheduler")]
+        best = min(tuned, key=lambda c: geomean_ratio(c["times"], e["hand"]["times"]), default=None)
+        if best is not None and geomean_ratio(best["times"], e["hand"]["times"]) > 1.0 - min_gain:
+            best = None  # the hand values stay
+        auto = next((c for c in e["candidates"] if c.get("autoscheduler")), None)
+        out[unit] = (best, auto)
+    return out
+
+
+def table(results, min_gain=0.02):
+    lines = ["| unit | case | hand µs | tuned µs | tuned knobs | autoscheduled µs |",
+             "| --- | --- | ---: | ---: | --- | ---: |"]
+    failed = {c["unit"]: c for c in results.get("failed_to_build", [])}
+    for unit, (best, auto) in winners(results, min_gain).items():
+        e = results["units"][unit]
+        for name, hand_us in e["hand"]["times"].items():
+            tuned_us = best["times"][name] if best else hand_us
+            knobs = knob_string(best["changed"]) if best else "(hand)"
+            if auto and auto["valid"]:
+                auto_s = f"{auto['times'][name]:.1f}"
+            elif auto:
+                auto_s = "wrong bytes" if "differ" in auto.get("error", "") else "failed"
+            else:
+                auto_s = "not built" if unit in failed else "-"
+            lines.append(f"| {unit} ({e['arithmetic']}) | {name} | {hand_us:.1f} | {tuned_us:.1f} | {knobs} | {auto_s} |")
+    for unit, c in failed.items():
+        lines.append(f"\n{unit}: {c['autoscheduler']} could not schedule it: {c['error']}")
+    return "\n".join(lines)
+
+
+def apply(a):
+    with open(a.results) as f:
+        results = json.load(f)
+    path = os.path.join(a.knobs_dir, f"{results['family']}.knobs")
+    new = {}
+    for unit, (best, _) in winners(results, a.min_gain).items():
+        if best:
+            new.update(best["changed"])
+            ratio = geomean_ratio(best["times"], results["units"][unit]["hand"]["times"])
+            print(f"{unit}: {knob_string(best['changed'])} ({ratio:.3f}x the hand values' time)")
+        else:
+            print(f"{unit}: the hand values stay")
+    if new:
+        write_knobs(path, new)
+        print(f"wrote {len(new)} values into {path}")
+    print(table(results, a.min_gain))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    pl = sub.add_parser("plan", help="build the candidates into a bundle (build machine)")
+    pl.add_argument("family")
+    pl.add_argument("bundle")
+    pl.add_argument("--units", nargs="*", help="tuning units (default: every one of the family)")
+    pl.add_argument("--max", type=int, default=16, help="candidates per unit at most (sampled)")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--no-autoscheduler", action="store_true")
+    pl.add_argument("--autoschedule-timeout", type=float, default=240, help="seconds per autoscheduled kernel")
+    pl.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    pl.add_argument("--cmake", default=shutil.which("cmake") or "cmake")
+    pl.add_argument("--cmake-arg", action="append", default=[], help="passed to cmake's configure")
+    rn = sub.add_parser("run", help="check and time every candidate (the family's machine)")
+    rn.add_argument("bundle")
+    rn.add_argument("--out", default="tune_results.json")
+    rn.add_argument("--budget", type=float, default=480, help="seconds; results so far are kept")
+    rn.add_argument("--units", nargs="*")
+    rn.add_argument("--quick", action="store_true", help="the first two cases of each unit only")
+    rn.add_argument("--seed", type=int, default=0)
+    ap = sub.add_parser("apply", help="write the winners into the family's .knobs")
+    ap.add_argument("results")
+    ap.add_argument("--min-gain", type=float, default=0.02, help="how much faster a winner must be (0.02: 2 %%)")
+    for q in (pl, ap):
+        q.add_argument("--knobs-dir", default=os.path.join(REPO, "schedules"))
+    a = p.parse_args(argv)
+    {"plan": plan, "run": run, "apply": apply}[a.command](a)
+
+
+if __name__ == "__main__":
+    main()
