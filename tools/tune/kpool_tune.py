@@ -160,9 +160,15 @@ def cmake(args, log, env=None, timeout=None):
         os.killpg(p.pid, signal.SIGKILL)  # the generator under ninja too
         p.communicate()
         return -1, f"error: not done after {timeout:.0f} s (--autoschedule-timeout)"
-    with open(log, "a") as f:
-        f.write(out)
+    with open(log, "a") as f:  # (Halide's debug output runs to gigabytes: its end only)
+        f.write("\n".join(out.splitlines()[-400:]) + "\n")
     return p.returncode, out
+
+
+def halide_errors(out):
+    """The lines of a failed generator run that say why (an error with its text)."""
+    return [line.strip() for line in out.splitlines()
+            if re.search(r"(Error|error):\s*\S", line) and not line.startswith("FAILED")]
 
 
 def plan(a):
@@ -204,11 +210,12 @@ def plan(a):
     for c in [c for c in candidates if c.get("autoscheduler")]:
         for target in kernel_targets(build, c["id"]):
             rc, out = cmake([a.cmake, "--build", build, "--target", target], log, timeout=a.autoschedule_timeout)
-            if rc > 0:  # again for the reason: Halide prints an internal error's text only with debug output on
-                rc, out = cmake([a.cmake, "--build", build, "--target", target], log, env={"HL_DEBUG_CODEGEN": "1"})
+            if rc > 0 and not halide_errors(out):
+                # Halide prints an internal error's text only with debug output on.
+                rc, out = cmake([a.cmake, "--build", build, "--target", target], log, env={"HL_DEBUG_CODEGEN": "1"},
+                                timeout=a.autoschedule_timeout)
             if rc != 0:
-                errors = [line.strip() for line in out.splitlines() if re.search(r"error|Condition failed", line, re.I)
-                          and not line.startswith("FAILED")]
+                errors = halide_errors(out)
                 c["error"] = f"{target}: " + (" | ".join(errors[:3]) or out.strip().splitlines()[-1])[:600]
                 failed.append(c)
                 print(f"autoscheduled {c['unit']} ({c['autoscheduler']}) not built: {c['error']}", flush=True)
