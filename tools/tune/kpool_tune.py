@@ -32,6 +32,7 @@ need; `run` needs torch on CUDA.
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import math
@@ -43,6 +44,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -152,23 +154,37 @@ def kernel_targets(build_dir, cid):
 
 
 def cmake(args, log, env=None, timeout=None):
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                         env=None if env is None else {**os.environ, **env})
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)  # the generator under ninja too
-        p.communicate()
-        return -1, f"error: not done after {timeout:.0f} s (--autoschedule-timeout)"
-    with open(log, "a") as f:  # (Halide's debug output runs to gigabytes: its end only)
-        f.write("\n".join(out.splitlines()[-400:]) + "\n")
+    """Runs a cmake command; returns (exit code, its error lines and last lines).
+    The whole output goes through a file: Halide's debug output runs to
+    gigabytes."""
+    with tempfile.TemporaryFile("w+", errors="replace") as f:
+        p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             env=None if env is None else {**os.environ, **env})
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)  # the generator under ninja too
+            p.wait()
+            return -1, f"error: not done after {timeout:.0f} s (--autoschedule-timeout)"
+        f.seek(0)
+        errors, tail = [], collections.deque(maxlen=200)
+        for line in f:
+            tail.append(line)
+            if HALIDE_ERROR.search(line) and not line.startswith("FAILED") and len(errors) < 20:
+                errors.append(line)
+    out = "".join(errors) + "".join(tail)
+    with open(log, "a") as f:
+        f.write(out)
     return p.returncode, out
+
+
+HALIDE_ERROR = re.compile(r"(Error|error):\s*\S")
 
 
 def halide_errors(out):
     """The lines of a failed generator run that say why (an error with its text)."""
-    return [line.strip() for line in out.splitlines()
-            if re.search(r"(Error|error):\s*\S", line) and not line.startswith("FAILED")]
+    return list(dict.fromkeys(line.strip() for line in out.splitlines()
+                              if HALIDE_ERROR.search(line) and not line.startswith("FAILED")))
 
 
 def plan(a):
