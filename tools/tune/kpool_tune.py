@@ -239,7 +239,24 @@ def plan(a):
     built = [c for c in candidates if "error" not in c]
     if failed:
         configure(built)
+    # Every candidate's kernels, keeping going past failures: a candidate
+    # whose kernel does not compile (or that ptxas rejects) is reported with
+    # its error, built alone again to find it, and left out.
     t0 = time.time()
+    rc, out = cmake([a.cmake, "--build", build, "--", f"-j{a.jobs}", "-k", "0"], log)
+    if rc != 0:
+        for c in built:
+            for target in kernel_targets(build, c["id"]):
+                if not os.path.exists(os.path.join(build, f"lib{target}.a")):
+                    _, out = cmake([a.cmake, "--build", build, "--target", target], log)
+                    errors = halide_errors(out)
+                    c["error"] = f"{target}: " + (" | ".join(errors[:3]) or out.strip().splitlines()[-1])[:600]
+                    failed.append(c)
+                    print(f"candidate {c['id']} ({c['unit']}: {knob_string(c['changed'])}) not built: {c['error']}",
+                          flush=True)
+                    break
+        built = [c for c in built if "error" not in c]
+        configure(built)
     rc, out = cmake([a.cmake, "--build", build, "--target", "kpool_shared", "--", f"-j{a.jobs}"], log)
     if rc != 0:
         sys.exit(f"kpool_tune plan: build failed (see {log}):\n{out[-3000:]}")
@@ -509,7 +526,8 @@ def winners(results, min_gain=0.02):
 def table(results, min_gain=0.02):
     lines = ["| unit | case | hand µs | tuned µs | tuned knobs | autoscheduled µs |",
              "| --- | --- | ---: | ---: | --- | ---: |"]
-    failed = {c["unit"]: c for c in results.get("failed_to_build", [])}
+    not_built = results.get("failed_to_build", [])
+    failed = {c["unit"]: c for c in not_built if c.get("autoscheduler")}
     for unit, (best, auto) in winners(results, min_gain).items():
         e = results["units"][unit]
         for name, hand_us in e["hand"]["times"].items():
@@ -522,8 +540,17 @@ def table(results, min_gain=0.02):
             else:
                 auto_s = "not built" if unit in failed else "-"
             lines.append(f"| {unit} ({e['arithmetic']}) | {name} | {hand_us:.1f} | {tuned_us:.1f} | {knobs} | {auto_s} |")
+    lines.append("")
     for unit, c in failed.items():
-        lines.append(f"\n{unit}: {c['autoscheduler']} could not schedule it: {c['error']}")
+        lines.append(f"{unit}: {c['autoscheduler']} could not schedule it: {c['error']}")
+    for c in not_built:
+        if not c.get("autoscheduler"):
+            lines.append(f"{c['unit']}: {knob_string(c['changed'])} did not build: {c['error']}")
+    for unit, e in results["units"].items():
+        for c in e["candidates"]:
+            if not c["valid"]:
+                what = c.get("autoscheduler") or knob_string(c["changed"])
+                lines.append(f"{unit}: {what} failed: {c['error']}")
     return "\n".join(lines)
 
 
