@@ -2,9 +2,14 @@
 #
 # The family's schedule parameters from ${KPOOL_KNOBS_DIR}/<family>.knobs
 # (lines "name = value : legal values"), as the "name:value,..." string the
-# generators take (knobs=...). A value outside its legal values fails the
-# configure; editing the file re-runs it.
+# generators take (knobs=...), read once per family. A value outside its
+# legal values fails the configure; editing the file re-runs it.
 function(kpool_knobs family out)
+    get_property(knobs GLOBAL PROPERTY KPOOL_KNOBS_${family})
+    if (DEFINED knobs AND NOT knobs STREQUAL "")
+        set(${out} "${knobs}" PARENT_SCOPE)
+        return ()
+    endif ()
     set(file "${KPOOL_KNOBS_DIR}/${family}.knobs")
     if (NOT EXISTS "${file}")
         message(FATAL_ERROR "no schedule parameters for ${family}: ${file} is missing")
@@ -25,6 +30,7 @@ function(kpool_knobs family out)
         list(APPEND knobs "${name}:${value}")
     endforeach ()
     list(JOIN knobs "," knobs)
+    set_property(GLOBAL PROPERTY KPOOL_KNOBS_${family} "${knobs}")
     set(${out} "${knobs}" PARENT_SCOPE)
 endfunction()
 
@@ -42,12 +48,16 @@ endfunction()
 # tested on the CPU) gets the knobs of both.
 function(kpool_add_kernel function)
     cmake_parse_arguments(ARG "" "GENERATOR;VARIANT;DEVICE;AUTOSCHEDULER;KNOBS;CANDIDATE" "PARAMS" ${ARGN})
-    kpool_knobs(${ARG_DEVICE} knobs)
+    if (DEFINED ARG_KNOBS)
+        set(knobs "${ARG_KNOBS}")
+    else ()
+        kpool_knobs(${ARG_DEVICE} knobs)
+    endif ()
     if (ARG_DEVICE STREQUAL "cpu")
         set(features ${KPOOL_CPU_FEATURES})
         set(params ${ARG_PARAMS})
         foreach (param IN LISTS ARG_PARAMS)
-            if (param MATCHES "^gpu=(.+)$")
+            if (param MATCHES "^gpu=(.+)$" AND NOT DEFINED ARG_KNOBS)
                 kpool_knobs(${CMAKE_MATCH_1} family_knobs)
                 string(APPEND knobs ",${family_knobs}")
             endif ()
@@ -55,9 +65,6 @@ function(kpool_add_kernel function)
     else ()
         set(features ${KPOOL_CUDA_FEATURES})
         set(params ${ARG_PARAMS} gpu=${ARG_DEVICE})
-    endif ()
-    if (DEFINED ARG_KNOBS)
-        set(knobs "${ARG_KNOBS}")
     endif ()
     list(APPEND params knobs=${knobs})
     set(extra_outputs)

@@ -269,7 +269,11 @@ def plan(a):
 
 
 # --- run: inputs, check, time ---------------------------------------------------------------------
-D, PAGE, ROW = 128, 64, 132
+# The benchmark's sweep sizes and layout (bench/workloads.py; torch only inside its functions).
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import workloads as wl  # noqa: E402
+
+D, PAGE, ROW = wl.D, wl.PAGE, wl.ROW
 
 
 def bf16(rng, shape, scale=1.0):
@@ -281,18 +285,19 @@ def bf16(rng, shape, scale=1.0):
 
 def cases(unit, device, quick):
     """(name, make(rng) -> dict of numpy inputs, call(kpool, x) -> outputs, state keys) per case:
-    the reference's sweep sizes on CUDA (bench/workloads.py), smaller ones on the CPU."""
+    the reference's sweep sizes on CUDA (the benchmark's two largest of each, next_n 1 and 4),
+    smaller ones on the CPU."""
     import numpy as np
     op = unit.split(".")[0]
     gpu = device == "cuda"
-    pools = (4, 16)
+    pools = wl.POOLS
     out = []
     if op == "fwht":
-        for rows in ((65536, 1048576) if gpu else (4096, 32768)):
+        for rows in (wl.FWHT_ROWS[1:] if gpu else (4096, 32768)):
             out.append((f"rows={rows}", lambda rng, rows=rows: dict(q=bf16(rng, (rows, D))),
                         lambda k, x: k.fwht128_quant_fp8(x["q"]), ()))
     elif op == "compress":
-        for n in ((16384, 262144) if gpu else (1024, 8192)):
+        for n in (wl.COMPRESS_POOLS[1:] if gpu else (1024, 8192)):
             for P in pools:
                 def make(rng, n=n, P=P):
                     nb = -(-n // PAGE) + 1
@@ -303,7 +308,7 @@ def cases(unit, device, quick):
                             lambda k, x, P=P: k.kpool_compress_and_write_cache(x["kv"], x["sk"], x["ss"], x["ape"],
                                                                                x["loc"], P), ("kv",)))
     elif op == "seed":
-        for n in ((65536, 262144) if gpu else (4096, 32768)):
+        for n in (wl.SEED_TOKENS[1:] if gpu else (4096, 32768)):
             for P in pools:
                 def make(rng, n=n, P=P, length=512):
                     requests = n // length
@@ -316,29 +321,26 @@ def cases(unit, device, quick):
                             lambda k, x, P=P: k.kpool_seed_tail_cache(x["tail"], x["key"], x["gate"], x["ts"], P),
                             ("tail",)))
     elif op == "decode":
-        for R in ((64, 512) if gpu else (64,)):
-            for nn in (1, 4):
+        for R in (wl.DEC_REQS[1:] if gpu else (64,)):
+            for nn in (wl.DEC_NEXT[0], wl.DEC_NEXT[-1]):
                 for P in pools:
                     def make(rng, R=R, nn=nn, P=P):
                         nb = max(64, -(-4 * R * nn // PAGE))
-                        blocks = rng.permutation(2 * R + 8)[:R]
-                        ctx = rng.integers(4 * P, 8192, R)
-                        pos = ctx[:, None] + np.arange(nn)[None, :]
+                        blocks = rng.permutation(2 * R + 8)[:R].tolist()
+                        ctx = rng.integers(4 * P, 8192, R).tolist()
                         free = iter(rng.permutation(nb * PAGE).tolist())
-                        sm = np.array([[next(free) if p % P == P - 1 else -1 for p in row] for row in pos], np.int32)
+                        pos, ts, sm = (np.array(m, np.int32) for m in wl.decode_meta(ctx, nn, P, P, blocks, free))
                         return dict(kv=np.zeros((nb, PAGE, ROW), np.uint8), tail=bf16(rng, (2 * R + 8, 2, P, D)),
-                                    ts=(blocks[:, None] * P + pos % P).astype(np.int32), key=bf16(rng, (R, nn, D)),
-                                    score=bf16(rng, (R, nn, D)),
-                                    ape=(rng.standard_normal((P, D)) * 0.5).astype(np.float32), sm=sm,
-                                    pos=pos.astype(np.int32))
+                                    ts=ts, key=bf16(rng, (R, nn, D)), score=bf16(rng, (R, nn, D)),
+                                    ape=(rng.standard_normal((P, D)) * 0.5).astype(np.float32), sm=sm, pos=pos)
                     out.append((f"requests={R} next_n={nn} P={P}", make,
                                 lambda k, x, P=P: k.kpool_decode_update_and_maybe_write_cache_batched(
                                     x["kv"], x["tail"], x["ts"], x["key"], x["score"], x["ape"], x["sm"], x["pos"], P),
                                 ("kv", "tail")))
     elif op == "expand":
-        for rows in ((64, 4096) if gpu else (64,)):
+        for rows in (wl.EXP_ROWS[1:] if gpu else (64,)):
             for P in pools:
-                def make(rng, rows=rows, P=P, topk=2048):
+                def make(rng, rows=rows, P=P, topk=wl.TOPK):
                     seq = rng.integers(topk, 131072, rows).astype(np.int32)
                     ids = (rng.random((rows, topk // P)) * (seq[:, None] // P)).astype(np.int32)
                     return dict(ids=ids, seq=seq)
