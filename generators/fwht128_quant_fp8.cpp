@@ -30,11 +30,8 @@ void constrain_views(Func out, int extent) {
 
 }  // namespace
 
-class Fwht128QuantFp8 : public Generator<Fwht128QuantFp8> {
+class Fwht128QuantFp8 : public KpoolGenerator<Fwht128QuantFp8> {
 public:
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
-
     Input<Buffer<uint16_t, 2>> q{"q"};  // (d, row) bf16 bits
     // (d, row): e4m3 codes, and the row's f32 scale through a buffer whose
     // d stride is 0: one pass writes both.
@@ -44,7 +41,7 @@ public:
         FwhtStages &s = stages;
         Func x{"q_f32"};
         x(s.d, s.row) = bf16_to_f32(q(s.d, s.row));
-        define_rotation(s, x, {get_target(), gpu, knobs});
+        define_rotation(s, x, build_plan());
         quantized(s.d, s.row) = Tuple(s.rotate.quant.codes(s.d, s.row), s.rotate.quant.scale(s.d, s.row));
         q.dim(0).set_bounds(0, kHeadDim);
         constrain_views(quantized, kHeadDim);
@@ -57,20 +54,17 @@ public:
             return;
         }
         stages.out = quantized;
-        schedule_fwht(stages, {get_target(), gpu, knobs});
+        schedule_fwht(stages, build_plan());
     }
 
 private:
     FwhtStages stages;
 };
 
-class Fwht128QuantFp8Words : public Generator<Fwht128QuantFp8Words> {
+class Fwht128QuantFp8Words : public KpoolGenerator<Fwht128QuantFp8Words> {
 public:
     static constexpr int kWordValues = 4;
     static constexpr int kWords = kHeadDim / kWordValues;
-
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
 
     Input<Buffer<uint64_t, 2>> q{"q"};  // (word, row): 4 bf16, the first in the low bits
     // (word, row): 4 e4m3 codes, the first in the low byte, and the row's
@@ -82,7 +76,7 @@ public:
         Func x{"q_f32"};
         Expr word = q(s.d / kWordValues, s.row);
         x(s.d, s.row) = bf16_to_f32(cast<uint16_t>(word >> (cast<uint64_t>(s.d % kWordValues) * 16)));
-        define_rotation(s, x, {get_target(), gpu, knobs});
+        define_rotation(s, x, build_plan());
         const Fp8Row &quant = s.rotate.quant;
         const Var &w = s.word;
         Expr values[kWordValues];
@@ -102,7 +96,7 @@ public:
             return;
         }
         stages.out = quantized;
-        schedule_fwht(stages, {get_target(), gpu, knobs});
+        schedule_fwht(stages, build_plan());
     }
 
 private:

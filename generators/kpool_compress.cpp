@@ -24,11 +24,9 @@ Func as_f32(Func bits, const Type &type, const std::string &name, Var d, Var j, 
 }  // namespace
 
 template <typename T>
-class CompressBase : public Generator<T> {
+class CompressBase : public KpoolGenerator<T> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
     GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};  // or "triton" (kpool_numerics.h)
 
     // slot_score's type (uint16 = bf16 bits, or float32) is chosen per variant.
@@ -56,7 +54,7 @@ protected:
         slot_k.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         slot_score.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
-        const BuildPlan plan{this->get_target(), gpu, knobs};
+        const BuildPlan plan = this->build_plan();
         const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
         const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Compress, arith});
         s.layout = decided.layout;
@@ -108,7 +106,7 @@ public:
             return;
         }
         stages.cache = cache;
-        schedule_compress_to_cache(stages, {get_target(), gpu, knobs});
+        schedule_compress_to_cache(stages, build_plan());
     }
 
 private:
@@ -138,7 +136,7 @@ public:
             return;
         }
         stages.out = compressed;
-        schedule_compress_to_rows(stages, {get_target(), gpu, knobs});
+        schedule_compress_to_rows(stages, build_plan());
     }
 
 private:

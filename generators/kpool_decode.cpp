@@ -196,18 +196,16 @@ void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr 
         overwritten(tv, bv) || (later > tv && l.stashes && l.block == self.block && l.ring_pos == self.ring_pos);
 }
 
-class DecodeWriteCache : public Generator<DecodeWriteCache> {
+class DecodeWriteCache : public KpoolGenerator<DecodeWriteCache> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
     GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};  // or "triton" (kpool_numerics.h)
 
     DecodeWriteArguments in;
     // The K cache in place, as (codes, scales) views (kpool_algorithms.h).
     Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
 
-    void generate() { define_completions(stages, in, cache, pool_size, {get_target(), gpu, knobs}, arithmetic); }
+    void generate() { define_completions(stages, in, cache, pool_size, build_plan(), arithmetic); }
 
     void schedule() {
         in.set_estimates(pool_size);
@@ -216,7 +214,7 @@ public:
             return;
         }
         stages.cache = cache;
-        schedule_decode_write(stages, {get_target(), gpu, knobs});
+        schedule_decode_write(stages, build_plan());
     }
 
 private:
@@ -229,11 +227,9 @@ private:
 // schedule runs a request's stashes after all of its completions; only a
 // tail block that two requests of the call share could see the other's
 // stash (docs/behaviour.md).
-class DecodeUpdate : public Generator<DecodeUpdate> {
+class DecodeUpdate : public KpoolGenerator<DecodeUpdate> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
     GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};
 
     DecodeWriteArguments in;
@@ -241,7 +237,7 @@ public:
     Output<Buffer<uint16_t, 4>> tail_out{"tail_out"};  // (d, ring_pos, half, block), in place
 
     void generate() {
-        const BuildPlan plan{get_target(), gpu, knobs};
+        const BuildPlan plan = build_plan();
         define_completions(stages.write, in, cache, pool_size, plan, arithmetic);
         Ring ring_math(in.tail.dim(1).extent());
         Expr next_n = in.key.dim(1).extent();
@@ -272,18 +268,15 @@ public:
         }
         stages.write.cache = cache;
         stages.tail = tail_out;
-        schedule_decode_update(stages, {get_target(), gpu, knobs});
+        schedule_decode_update(stages, build_plan());
     }
 
 private:
     DecodeUpdateStages stages;
 };
 
-class DecodeStashTail : public Generator<DecodeStashTail> {
+class DecodeStashTail : public KpoolGenerator<DecodeStashTail> {
 public:
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
-
     Input<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
     Input<Buffer<uint16_t, 3>> key{"key"};                             // (d, token, request)
     Input<Buffer<uint16_t, 3>> slot_score{"slot_score"};
@@ -328,7 +321,7 @@ public:
             return;
         }
         stages.tail = tail;
-        schedule_decode_stash(stages, {get_target(), gpu, knobs});
+        schedule_decode_stash(stages, build_plan());
     }
 
 private:

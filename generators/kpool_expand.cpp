@@ -41,11 +41,8 @@ PoolColumn pool_column(Expr c, Expr P) {
 
 }  // namespace
 
-class ExpandPoolsAndAppendTail : public Generator<ExpandPoolsAndAppendTail> {
+class ExpandPoolsAndAppendTail : public KpoolGenerator<ExpandPoolsAndAppendTail> {
 public:
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
-
     Input<Buffer<void, 2>> pool_ids{"pool_ids"};      // (g, row) int32 or int64
     Input<int> groups{"groups"};                      // G: pool_ids columns in use
     Input<Buffer<int32_t, 1>> seq_lens{"seq_lens"};   // (row)
@@ -85,18 +82,15 @@ public:
         if (using_autoscheduler()) {
             return;
         }
-        schedule_expand(stages, {get_target(), gpu, knobs});
+        schedule_expand(stages, build_plan());
     }
 
 private:
     ExpandStages stages{ExpandStages::Kind::PoolsAndAppendTail};
 };
 
-class ExpandPoolsToTokens : public Generator<ExpandPoolsToTokens> {
+class ExpandPoolsToTokens : public KpoolGenerator<ExpandPoolsToTokens> {
 public:
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
-
     Input<Buffer<void, 2>> group_ids{"group_ids"};         // (g, row) int32 or int64
     Input<Buffer<uint8_t, 2>> group_valid{"group_valid"};  // (g, row)
     Input<Buffer<int32_t, 2>> page_table{"page_table"};    // (col, row); stride 0 when absent
@@ -133,18 +127,15 @@ public:
         if (using_autoscheduler()) {
             return;
         }
-        schedule_expand(stages, {get_target(), gpu, knobs});
+        schedule_expand(stages, build_plan());
     }
 
 private:
     ExpandStages stages{ExpandStages::Kind::PoolsToTokens};
 };
 
-class AppendTailToTopk : public Generator<AppendTailToTopk> {
+class AppendTailToTopk : public KpoolGenerator<AppendTailToTopk> {
 public:
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
-
     Input<Buffer<int32_t, 2>> topk_result{"topk_result"};  // (col, row)
     Input<int> history_cols{"history_cols"};               // C: topk_result columns in use
     Input<Buffer<int32_t, 1>> seq_lens{"seq_lens"};        // (row)
@@ -187,7 +178,7 @@ public:
         if (using_autoscheduler()) {
             return;
         }
-        schedule_expand(stages, {get_target(), gpu, knobs});
+        schedule_expand(stages, build_plan());
     }
 
 private:

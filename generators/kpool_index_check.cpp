@@ -10,11 +10,8 @@ namespace kpool {
 
 using namespace Halide;
 
-class IndexCheck : public Generator<IndexCheck> {
+class IndexCheck : public KpoolGenerator<IndexCheck> {
 public:
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
-
     Input<Buffer<void, 2>> index{"index"};         // (i, row) int32 or int64, any strides
     Input<Buffer<uint8_t, 1>> enabled{"enabled"};  // (i): 0 = not a write (a write mask); stride 0 when absent
     Input<int64_t> limit{"limit"};                 // the first index past the tensor
@@ -49,7 +46,7 @@ public:
         if (using_autoscheduler()) {
             return;
         }
-        schedule_index_check(stages, {get_target(), gpu, knobs});
+        schedule_index_check(stages, build_plan());
     }
 
 private:

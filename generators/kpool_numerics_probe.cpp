@@ -7,10 +7,8 @@ namespace kpool {
 
 using namespace Halide;
 
-class NumericsProbe : public Generator<NumericsProbe> {
+class NumericsProbe : public KpoolGenerator<NumericsProbe> {
 public:
-    GeneratorParam<std::string> knobs{"knobs", ""};  // the CPU's, as every kernel's build passes
-
     Input<Buffer<float, 1>> x{"x"};
     Output<Buffer<uint8_t, 1>> e4m3{"e4m3"};         // e4m3_encode(x)
     Output<Buffer<uint16_t, 1>> bf16{"bf16"};        // f32_to_bf16(x)
@@ -28,7 +26,7 @@ public:
         stages.outputs = {e4m3, bf16, ue8m0, linear, exp_f32};
     }
 
-    void schedule() { schedule_numerics_probe(stages, {get_target(), "", knobs}); }
+    void schedule() { schedule_numerics_probe(stages, build_plan()); }
 
 private:
     NumericsProbeStages stages;

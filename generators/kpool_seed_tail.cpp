@@ -6,11 +6,8 @@ namespace kpool {
 
 using namespace Halide;
 
-class SeedTail : public Generator<SeedTail> {
+class SeedTail : public KpoolGenerator<SeedTail> {
 public:
-    GeneratorParam<std::string> gpu{"gpu", ""};
-    GeneratorParam<std::string> knobs{"knobs", ""};
-
     Input<Buffer<uint16_t, 2>> key{"key"};                // (d, token) bf16 bits
     Input<Buffer<uint16_t, 2>> gate_score{"gate_score"};  // (d, token)
     Input<Buffer<void, 1>> tslot{"tslot"};                // (token) int32 or int64
@@ -40,7 +37,7 @@ public:
         // Token i = group * G + member: consecutive tokens in different
         // members, which a schedule may run side by side (a request's last P
         // tokens are consecutive). Tokens past n are not seeded.
-        const int G = schedule_decisions({get_target(), gpu, knobs}, {KernelAsked::Kind::SeedTail}).seed_group_size;
+        const int G = schedule_decisions(build_plan(), {KernelAsked::Kind::SeedTail}).seed_group_size;
         RDom &r = stages.copy;
         r = RDom(0, kHeadDim, 0, 2, 0, G, 0, (n + G - 1) / G, "copy");
         Expr i = r[3] * G + r.z;
@@ -70,7 +67,7 @@ public:
             return;
         }
         stages.tail = tail;
-        schedule_seed_tail(stages, {get_target(), gpu, knobs});
+        schedule_seed_tail(stages, build_plan());
     }
 
 private:

@@ -28,6 +28,18 @@ struct BuildPlan {
     std::string knobs;  // e.g. "fwht.values:32,fwht.run:4"
 };
 
+// The base of every kpool generator: the parameters each kernel's build
+// passes (cmake/KpoolKernels.cmake), read back as its BuildPlan.
+template <typename T>
+class KpoolGenerator : public Halide::Generator<T> {
+public:
+    Halide::GeneratorParam<std::string> gpu{"gpu", ""};      // BuildPlan::gpu
+    Halide::GeneratorParam<std::string> knobs{"knobs", ""};  // BuildPlan::knobs
+
+protected:
+    BuildPlan build_plan() { return {this->get_target(), gpu, knobs}; }
+};
+
 // The kernel a generator asks its decisions for.
 struct KernelAsked {
     enum class Kind { Fwht, Compress, Decode, SeedTail } kind;
