@@ -7,9 +7,10 @@
 #   bash scripts/kpool.sh build                 set up and build only
 #
 # The set-up is idempotent and stays in the project: .venv/ (Halide, CMake and
-# Ninja from requirements.txt) and build/. Only GoogleTest comes from the
+# Ninja from requirements.txt; for the tests, PyTorch from requirements-torch.txt
+# where the machine can take it) and build/. Only GoogleTest comes from the
 # system (Debian's libgtest-dev / libgmock-dev), and only when it is missing.
-# KPOOL_BUILD_DIR overrides the build directory.
+# KPOOL_BUILD_DIR overrides the build directory; KPOOL_TORCH=0 skips PyTorch.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,7 +23,7 @@ log() { printf '[kpool.sh] %s\n' "$*"; }
 die() { printf '[kpool.sh] error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 # Runs a command as root: directly, or through sudo when we are not root.
@@ -75,6 +76,29 @@ ensure_venv() {
     fi
 }
 
+# PyTorch for the custom-operator tests (requirements-torch.txt), when the
+# machine can take it: KPOOL_TORCH=0 skips it, so does a disk with less
+# than 12 GB free or an index pip cannot reach; the torch tests then skip.
+ensure_torch() {
+    [ "${KPOOL_TORCH:-1}" = 0 ] && { log "KPOOL_TORCH=0: no torch; its tests skip"; return 0; }
+    local want have=""
+    want=$(sha256sum requirements-torch.txt | cut -d' ' -f1)
+    [ -f "$venv/.kpool-torch" ] && have=$(cat "$venv/.kpool-torch")
+    [ "$want" = "$have" ] && return 0
+    local free_kb
+    free_kb=$(df -Pk "$venv" | awk 'NR == 2 { print $4 }')
+    if [ "${free_kb:-0}" -lt $((12 * 1024 * 1024)) ]; then
+        log "less than 12 GB free: no torch; its tests skip"
+        return 0
+    fi
+    log "pip install -r requirements-torch.txt"
+    if "$venv/bin/python" -m pip install --disable-pip-version-check -q -r requirements-torch.txt; then
+        echo "$want" >"$venv/.kpool-torch"
+    else
+        log "warning: torch could not be installed; its tests skip"
+    fi
+}
+
 have_gtest() { [ -f /usr/include/gtest/gtest.h ] && [ -f /usr/include/gmock/gmock.h ]; }
 
 ensure_gtest() {
@@ -124,6 +148,7 @@ case "$command" in
         ;;
     test)
         ensure_venv
+        ensure_torch
         ensure_gtest || die "GoogleTest is missing and could not be installed (apt-get install libgtest-dev libgmock-dev)"
         configure ON
         build
