@@ -4,16 +4,19 @@
 # Python side-by-side test, the torch custom operators under torch.compile
 # (CUDA graphs), the host time per call from Python, the benchmark in the
 # exact arithmetic, compute-sanitizer on the decode tests, and (with
-# --profile) Nsight Compute on the large cases. Everything built here
-# first:
+# --profile) Nsight Compute on the large cases, and the schedule tuner when a
+# tuning bundle came along. Everything is built and packed here first (the
+# Triton reference is never part of the project: copy it into the ignored
+# .ref/ and carry it beside the build):
 #
-#   bash scripts/kpool.sh build
-#   # the reference module is never part of the project: copy it into the
-#   # ignored .ref/ and carry that next to the build
 #   mkdir -p .ref && cp ../shared/reference/kpool_triton.py ../shared/anchors/bench_triton.py .ref/
-#   # carry build/libkpool.so build/_torch_calls.abi3.so build/tests/kpool_tests
-#   # build/tools/kpool and .ref:
+#   bash bench/pack_for_gpu.sh [--tune sm90]      # -> build-gpu/
+#   # carry build-gpu and .ref:
 #   KPOOL_REFERENCE_DIR=.ref bash bench/run_on_gpu.sh [--profile] [--quick]
+#
+# (Where a call brings back a few files only, write the logs elsewhere and
+# bring back one archive: `OUT=/tmp/gpu-out KPOOL_REFERENCE_DIR=.ref bash
+# bench/run_on_gpu.sh; tar czf "$OUT/gpu-out.tgz" -C /tmp/gpu-out .`)
 #
 # Steps run in that order (most needed first), each within
 # KPOOL_GPU_DEADLINE seconds of the start (default 570: a 10-minute call);
@@ -32,6 +35,15 @@ for a in "$@"; do
         *) bench_args+=("$a") ;;
     esac
 done
+# What bench/pack_for_gpu.sh packed (the binaries, a tuning bundle).
+if [ -f build-gpu/bin.tar.xz ]; then
+    tar xJf build-gpu/bin.tar.xz
+fi
+if [ -f build-gpu/tune/candidates.json ]; then
+    mkdir -p build-tune
+    cp build-gpu/tune/candidates.json build-tune/
+    xz -dc build-gpu/tune/libkpool.so.xz >build-tune/libkpool.so
+fi
 export PYTHONPATH=python KPOOL_LIBRARY=build/libkpool.so PYTHONUNBUFFERED=1
 summary=()
 
@@ -94,6 +106,17 @@ while read -r line; do summary+=("  $line"); done < <(grep -E '^(extension|op |[
 step "bench --arithmetic exact" bench_exact.log \
     python3 bench/bench_gpu.py --min-runs 50 --arithmetic exact --only copy,compress,decode \
     --out "$out/kpool_bench_exact.json" "${bench_args[@]}"
+
+# The schedule tuner on the bundle, in the time left (docs/tuning.md): its
+# results are $out/tune_results.json, for `kpool_tune.py apply` back home.
+if [ -f build-tune/candidates.json ]; then
+    tune_budget=$((deadline - SECONDS - 30))
+    tune_args=()
+    [ "$tune_budget" -lt 300 ] && tune_args=(--quick)
+    step "schedule tuner (${tune_budget} s)" tune.log python3 tools/tune/kpool_tune.py run build-tune \
+        --budget "$tune_budget" "${tune_args[@]}" --out "$out/tune_results.json"
+    summary+=("  $(grep -c . "$out/tune.log") lines; $(tail -1 "$out/tune.log")")
+fi
 
 cat "$out/bench.log"
 printf '%s\n' "${summary[@]}"

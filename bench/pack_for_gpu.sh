@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Packs what one call of bench/run_on_gpu.sh needs on a GPU machine that has
+# no Halide, into build-gpu/ (ignored by git; a few MB against the 64 MiB a
+# call may carry):
+#
+#   bash bench/pack_for_gpu.sh [--tune FAMILY [plan options]]
+#
+# - build-gpu/bin.tar.xz: the library, the torch call extension, the test
+#   binary and the CLI of a fresh `scripts/kpool.sh build`;
+# - with --tune: a tuning bundle of FAMILY (tools/tune/kpool_tune.py plan,
+#   default --max 10; 10-20 minutes on 2 cores), as build-gpu/tune/.
+#
+# The Triton reference is never part of the project: copy kpool_triton.py and
+# bench_triton.py into the ignored .ref/ first. Then, on the GPU machine,
+# carrying build-gpu and .ref:
+#
+#   KPOOL_REFERENCE_DIR=.ref bash bench/run_on_gpu.sh
+#
+# which unpacks build-gpu/ and, when it holds a tuning bundle, runs the tuner
+# in the time left after the benchmark.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+pack=build-gpu
+tune_family=""
+plan_args=()
+if [ "${1:-}" = --tune ]; then
+    tune_family=${2:?--tune needs a family (sm80, sm90)}
+    shift 2
+    plan_args=("$@")
+    [ ${#plan_args[@]} -eq 0 ] && plan_args=(--max 10)
+fi
+[ -f .ref/kpool_triton.py ] || echo "note: no .ref/kpool_triton.py: the GPU call will have no reference to run" >&2
+
+bash scripts/kpool.sh build
+rm -rf "$pack"
+mkdir -p "$pack"
+tar cJf "$pack/bin.tar.xz" build/libkpool.so build/_torch_calls.abi3.so build/tests/kpool_tests build/tools/kpool
+if [ -n "$tune_family" ]; then
+    PATH="$PWD/.venv/bin:$PATH" .venv/bin/python tools/tune/kpool_tune.py plan "$tune_family" build-tune \
+        "${plan_args[@]}"
+    mkdir -p "$pack/tune"
+    cp build-tune/candidates.json "$pack/tune/"
+    xz -c build-tune/libkpool.so >"$pack/tune/libkpool.so.xz"
+fi
+du -sh "$pack"
+echo "carry: $pack .ref; run: KPOOL_REFERENCE_DIR=.ref bash bench/run_on_gpu.sh"
