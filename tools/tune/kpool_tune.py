@@ -14,13 +14,14 @@ two machines kpool is built and measured on.
          checks every candidate byte for byte against the hand variants on
          the same inputs (and, in the exact arithmetic, against the CPU
          kernels), times the valid ones (CUDA: graph replay; CPU: wall
-         clock), one progress line each, within --budget seconds; the
+         clock), one progress line each, within --budget seconds, and on
+         CUDA the Triton reference on the same cases; the
          results file is rewritten after every candidate, so a run cut off
          keeps what it measured.
   apply  writes each unit's winner (the valid candidate with the lowest
          geometric-mean time over the unit's cases, if it beats the hand
          values by more than --min-gain) into schedules/<family>.knobs and prints the table
-         (hand, tuned, autoscheduled per case).
+         (reference, hand, tuned, autoscheduled per case).
 
 A tuning unit is the knobs of one op (the name's prefix: fwht, compress,
 decode, seed, expand); knobs named *exact* form a unit of their own, timed in
@@ -424,6 +425,30 @@ class Device:
         return statistics.median(times)
 
 
+def reference_module(kind):
+    """The Triton reference (bench/workloads.py finds it: $KPOOL_REFERENCE_DIR)
+    on CUDA, timed beside the candidates; None on the CPU or where it does not
+    import (said once)."""
+    if kind != "cuda":
+        return None
+    try:
+        return wl.import_reference()
+    except ImportError as e:
+        print(f"no reference column: {e}", flush=True)
+        return None
+
+
+def time_reference(device, reference, unit_cases):
+    """The reference's time per case (its functions take the drop-in's
+    arguments), or the reason it has none. Its bytes are not compared: the
+    side-by-side test does that, with the defects kpool fixes excused."""
+    try:
+        return dict(times={name: device.time_us(reference, call, x) for name, x, call, _ in unit_cases})
+    except Exception as e:  # noqa: BLE001 - the candidates are still timed
+        device.torch.cuda.synchronize()
+        return dict(times={}, error=f"{type(e).__name__}: {e}")
+
+
 def run(a):
     with open(os.path.join(a.bundle, "candidates.json")) as f:
         bundle = json.load(f)
@@ -439,6 +464,7 @@ def run(a):
     select = ctypes.CDLL(os.environ["KPOOL_LIBRARY"]).kpool_tune_select
     select.argtypes, select.restype = [ctypes.c_int], ctypes.c_int
     device = Device(device_of(family))
+    reference = reference_module(device.kind)
     deadline = time.time() + a.budget
     results = dict(family=family, knobs=bundle["knobs"], failed_to_build=bundle["failed"], units={})
     by_unit = {}
@@ -468,6 +494,8 @@ def run(a):
             name, x, call, state = unit_cases[0]
             cpu_expected = (name, Device("cpu").result(kpool, call, x, state))
         entry = results["units"][unit] = dict(arithmetic=arithmetic_of(family, unit), hand=hand, candidates=[])
+        if reference is not None:
+            entry["reference"] = time_reference(device, reference, unit_cases)
         save()
         for c in by_unit[unit]:
             if time.time() > deadline:
@@ -526,12 +554,13 @@ def winners(results, min_gain=0.02):
 
 
 def table(results, min_gain=0.02):
-    lines = ["| unit | case | hand µs | tuned µs | tuned knobs | autoscheduled µs |",
-             "| --- | --- | ---: | ---: | --- | ---: |"]
+    lines = ["| unit | case | reference µs | hand µs | tuned µs | tuned knobs | autoscheduled µs |",
+             "| --- | --- | ---: | ---: | ---: | --- | ---: |"]
     not_built = results.get("failed_to_build", [])
     failed = {c["unit"]: c for c in not_built if c.get("autoscheduler")}
     for unit, (best, auto) in winners(results, min_gain).items():
         e = results["units"][unit]
+        reference = e.get("reference", {}).get("times", {})
         for name, hand_us in e["hand"]["times"].items():
             tuned_us = best["times"][name] if best else hand_us
             knobs = knob_string(best["changed"]) if best else "(hand)"
@@ -541,8 +570,13 @@ def table(results, min_gain=0.02):
                 auto_s = "wrong bytes" if "differ" in auto.get("error", "") else "failed"
             else:
                 auto_s = "not built" if unit in failed else "-"
-            lines.append(f"| {unit} ({e['arithmetic']}) | {name} | {hand_us:.1f} | {tuned_us:.1f} | {knobs} | {auto_s} |")
+            ref_s = f"{reference[name]:.1f}" if name in reference else "-"
+            lines.append(f"| {unit} ({e['arithmetic']}) | {name} | {ref_s} | {hand_us:.1f} | {tuned_us:.1f} | {knobs} "
+                         f"| {auto_s} |")
     lines.append("")
+    for unit, e in results["units"].items():
+        if e.get("reference", {}).get("error"):
+            lines.append(f"{unit}: the reference was not timed: {e['reference']['error']}")
     for unit, c in failed.items():
         lines.append(f"{unit}: {c['autoscheduler']} could not schedule it: {c['error']}")
     for c in not_built:

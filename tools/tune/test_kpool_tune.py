@@ -86,5 +86,7 @@ def test_apply_rewrites_only_the_winning_values(tmp_path, capsys):
     assert changed[0][1].startswith("fwht.values = 16 ") and changed[0][1].index(":") == changed[0][0].index(":")
     assert kt.read_knobs(tmp_path / "sm90.knobs")[0]["fwht.values"] == 16
     out = capsys.readouterr().out
-    assert "| fwht (triton) | rows=65536 | 10.0 | 9.0 | fwht.values:16 | 30.0 |" in out
+    assert "| fwht (triton) | rows=65536 | 11.5 | 10.0 | 9.0 | fwht.values:16 | 30.0 |" in out
+    assert "| decode (triton) | requests=64 next_n=1 P=4 | - | 3.0 |" in out
+    assert "decode: the reference was not timed: AssertionError: a recorded failure" in out
     assert "decode: Anderson2021 could not schedule it: kpool_sm90_decode_update_p4_triton_c9" in out
