@@ -3,8 +3,9 @@ fake implementations, torch.library.opcheck, torch.compile(fullgraph=True)
 bit for bit against eager, and the two call paths (the _torch_calls
 extension and ctypes) against each other. Skipped without torch.
 
-The CUDA side (CUDA graphs under mode="reduce-overhead", an engine-shaped
-module against the reference) is test_gpu_torch_compile.py.
+An engine-shaped module (engine_model.py) runs compiled for 100 decode steps
+against eager calls. The CUDA side (CUDA graphs under mode="reduce-overhead",
+the engine-shaped module against the reference) is test_gpu_torch_compile.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
 
 import kpool  # noqa: E402
+from engine_model import Engine, run_compiled_against  # noqa: E402
 from kpool import _calls  # noqa: E402
 
 try:
@@ -165,6 +167,19 @@ def test_compile_fullgraph_is_bit_identical_to_eager(backend):
     for k in ("kv_cache", "tail_base"):  # the padding of the tail allocation included
         assert _bytes_equal(compiled[k], eager[k]), k
     assert not torch.equal(compiled["kv_cache"], _state(1)["kv_cache"])  # the caches were written
+
+
+@pytest.mark.parametrize("pool_size,ring", [(4, 8), (16, 16)])
+def test_compiled_indexer_matches_eager_for_100_decode_steps(pool_size, ring):
+    """The engine-shaped module (engine_model.py: fwht, seed and compress at
+    prefill; fwht, the decode update with next_n = 2 and expand at each
+    decode step; the tail rings as strided views of a padded buffer)
+    compiled with fullgraph=True, against the same module calling kpool in
+    eager mode: every output, cache and ring byte, step by step."""
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("inductor compiles its CPU kernels with a C++ compiler; there is none here")
+    torch._dynamo.reset()
+    run_compiled_against(Engine(pool_size, ring, "cpu"), kpool, kpool, steps=100)
 
 
 def test_dispatcher_and_direct_kernels_write_the_same_bytes():
