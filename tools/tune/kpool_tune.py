@@ -464,7 +464,7 @@ def run(a):
     select = ctypes.CDLL(os.environ["KPOOL_LIBRARY"]).kpool_tune_select
     select.argtypes, select.restype = [ctypes.c_int], ctypes.c_int
     device = Device(device_of(family))
-    reference = reference_module(device.kind)
+    reference, reference_times = reference_module(device.kind), {}
     deadline = time.time() + a.budget
     results = dict(family=family, knobs=bundle["knobs"], failed_to_build=bundle["failed"], units={})
     by_unit = {}
@@ -494,8 +494,11 @@ def run(a):
             name, x, call, state = unit_cases[0]
             cpu_expected = (name, Device("cpu").result(kpool, call, x, state))
         entry = results["units"][unit] = dict(arithmetic=arithmetic_of(family, unit), hand=hand, candidates=[])
-        if reference is not None:
-            entry["reference"] = time_reference(device, reference, unit_cases)
+        if reference is not None:  # once per op: an op's units share its cases
+            op = unit.split(".")[0]
+            if op not in reference_times:
+                reference_times[op] = time_reference(device, reference, unit_cases)
+            entry["reference"] = reference_times[op]
         save()
         for c in by_unit[unit]:
             if time.time() > deadline:
