@@ -48,8 +48,7 @@ apt_install() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y "$@"
 }
 
-# .venv with the system python3, and the pinned requirements in it. A stamp
-# of requirements.txt's hash makes a second run skip pip.
+# .venv with the system python3, and the pinned requirements in it.
 ensure_venv() {
     if [ ! -x "$venv/bin/python" ]; then
         local python
@@ -66,14 +65,19 @@ ensure_venv() {
             "$python" -m venv "$venv" || die "python3 -m venv failed"
         fi
     fi
-    local want have=""
-    want=$(sha256sum requirements.txt | cut -d' ' -f1)
-    [ -f "$venv/.kpool-requirements" ] && have=$(cat "$venv/.kpool-requirements")
-    if [ "$want" != "$have" ]; then
-        log "pip install -r requirements.txt"
-        "$venv/bin/python" -m pip install --disable-pip-version-check -r requirements.txt
-        echo "$want" >"$venv/.kpool-requirements"
-    fi
+    requirements_installed requirements.txt requirements ||
+        install_requirements requirements.txt requirements || die "pip install -r requirements.txt failed"
+}
+
+# A requirements file in .venv, stamped with the file's hash (.venv/.kpool-NAME)
+# so that a second run skips pip.
+requirements_installed() { # FILE NAME
+    [ -f "$venv/.kpool-$2" ] && [ "$(cat "$venv/.kpool-$2")" = "$(sha256sum "$1" | cut -d' ' -f1)" ]
+}
+install_requirements() { # FILE NAME [pip options]
+    log "pip install -r $1"
+    "$venv/bin/python" -m pip install --disable-pip-version-check "${@:3}" -r "$1" &&
+        sha256sum "$1" | cut -d' ' -f1 >"$venv/.kpool-$2"
 }
 
 # PyTorch for the custom-operator tests (requirements-torch.txt), when the
@@ -81,22 +85,14 @@ ensure_venv() {
 # than 12 GB free or an index pip cannot reach; the torch tests then skip.
 ensure_torch() {
     [ "${KPOOL_TORCH:-1}" = 0 ] && { log "KPOOL_TORCH=0: no torch; its tests skip"; return 0; }
-    local want have=""
-    want=$(sha256sum requirements-torch.txt | cut -d' ' -f1)
-    [ -f "$venv/.kpool-torch" ] && have=$(cat "$venv/.kpool-torch")
-    [ "$want" = "$have" ] && return 0
+    requirements_installed requirements-torch.txt torch && return 0
     local free_kb
     free_kb=$(df -Pk "$venv" | awk 'NR == 2 { print $4 }')
     if [ "${free_kb:-0}" -lt $((12 * 1024 * 1024)) ]; then
         log "less than 12 GB free: no torch; its tests skip"
         return 0
     fi
-    log "pip install -r requirements-torch.txt"
-    if "$venv/bin/python" -m pip install --disable-pip-version-check -q -r requirements-torch.txt; then
-        echo "$want" >"$venv/.kpool-torch"
-    else
-        log "warning: torch could not be installed; its tests skip"
-    fi
+    install_requirements requirements-torch.txt torch -q || log "warning: torch could not be installed; its tests skip"
 }
 
 have_gtest() { [ -f /usr/include/gtest/gtest.h ] && [ -f /usr/include/gmock/gmock.h ]; }
