@@ -155,10 +155,15 @@ def _compare(got, want):
         assert _bytes_equal(got[k], want[k]), k
 
 
+def _skip_without_a_cxx_compiler():
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("inductor compiles its CPU kernels with a C++ compiler; there is none here")
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compile_fullgraph_is_bit_identical_to_eager(backend):
-    if backend == "inductor" and not (shutil.which("c++") or shutil.which("g++")):
-        pytest.skip("inductor compiles its CPU kernels with a C++ compiler; there is none here")
+    if backend == "inductor":
+        _skip_without_a_cxx_compiler()
     eager, compiled = _state(1), _state(1)
     want = _all_ops(eager)
     torch._dynamo.reset()
@@ -176,8 +181,7 @@ def test_compiled_indexer_matches_eager_for_100_decode_steps(pool_size, ring):
     decode step; the tail rings as strided views of a padded buffer)
     compiled with fullgraph=True, against the same module calling kpool in
     eager mode: every output, cache and ring byte, step by step."""
-    if not (shutil.which("c++") or shutil.which("g++")):
-        pytest.skip("inductor compiles its CPU kernels with a C++ compiler; there is none here")
+    _skip_without_a_cxx_compiler()
     torch._dynamo.reset()
     run_compiled_against(Engine(pool_size, ring, "cpu"), kpool, kpool, steps=100)
 
