@@ -7,7 +7,8 @@
 #   bash scripts/kpool.sh build                 set up and build only
 #
 # The set-up is idempotent and stays in the project: .venv/ (Halide, CMake and
-# Ninja from requirements.txt; for the tests, PyTorch from requirements-torch.txt
+# Ninja from requirements.txt, CUDA's ptxas and cuobjdump from
+# requirements-cuda.txt: no CUDA toolkit needed; for the tests, PyTorch from requirements-torch.txt
 # where the machine can take it) and build/. Only GoogleTest comes from the
 # system (Debian's libgtest-dev / libgmock-dev), and only when it is missing.
 # KPOOL_BUILD_DIR overrides the build directory; KPOOL_TORCH=0 skips PyTorch.
@@ -67,6 +68,9 @@ ensure_venv() {
     fi
     requirements_installed requirements.txt requirements ||
         install_requirements requirements.txt requirements || die "pip install -r requirements.txt failed"
+    # ptxas and cuobjdump (the CUDA families' build and device-code report).
+    requirements_installed requirements-cuda.txt cuda-tools ||
+        install_requirements requirements-cuda.txt cuda-tools || die "pip install -r requirements-cuda.txt failed"
 }
 
 # A requirements file in .venv, stamped with the file's hash (.venv/.kpool-NAME)
