@@ -34,7 +34,30 @@ function(kpool_knobs family out)
     set(${out} "${knobs}" PARENT_SCOPE)
 endfunction()
 
-# kpool_add_kernel(<function> GENERATOR <gen> DEVICE <cpu|sm80|sm90> [PARAMS k=v ...]
+# kpool_cuda_family(<family> <prefix>)
+#
+# The family's row of KPOOL_CUDA_FAMILY_TABLE (CMakeLists.txt) as
+# <prefix>_CAPABILITY (e.g. 90), <prefix>_PTX_TARGET (sm_90), <prefix>_PTX_ISA
+# (7.8) and <prefix>_FEATURES (a list: e4m3); a family without a row, or a
+# malformed row, fails the configure.
+function(kpool_cuda_family family prefix)
+    set(row "${KPOOL_CUDA_FAMILY_TABLE}")
+    list(FILTER row INCLUDE REGEX "^${family}:")
+    list(LENGTH row rows)
+    if (NOT rows EQUAL 1)
+        message(FATAL_ERROR "KPOOL_CUDA_FAMILIES: ${family} needs one row in KPOOL_CUDA_FAMILY_TABLE, has ${rows}")
+    endif ()
+    if (NOT row MATCHES "^[a-z0-9_]+:([0-9]+):(sm_[0-9]+[a-z]?):([0-9]+\\.[0-9]+):([a-z0-9+]*)$")
+        message(FATAL_ERROR "KPOOL_CUDA_FAMILY_TABLE: not \"name:capability:PTX target:PTX ISA:features\": ${row}")
+    endif ()
+    set(${prefix}_CAPABILITY "${CMAKE_MATCH_1}" PARENT_SCOPE)
+    set(${prefix}_PTX_TARGET "${CMAKE_MATCH_2}" PARENT_SCOPE)
+    set(${prefix}_PTX_ISA "${CMAKE_MATCH_3}" PARENT_SCOPE)
+    string(REPLACE "+" ";" features "${CMAKE_MATCH_4}")
+    set(${prefix}_FEATURES "${features}" PARENT_SCOPE)
+endfunction()
+
+# kpool_add_kernel(<function> GENERATOR <gen> DEVICE <cpu|family> [PARAMS k=v ...]
 #                  [KNOBS name:value,...] [CANDIDATE <id>] [AUTOSCHEDULER Halide::<name>])
 #
 # One ahead-of-time kernel variant: a static library whose function is
@@ -64,7 +87,9 @@ function(kpool_add_kernel function)
         endforeach ()
     else ()
         set(features ${KPOOL_CUDA_FEATURES})
-        set(params ${ARG_PARAMS} gpu=${ARG_DEVICE})
+        kpool_cuda_family(${ARG_DEVICE} family)
+        list(JOIN family_FEATURES "+" gpu_features)
+        set(params ${ARG_PARAMS} gpu=${ARG_DEVICE} gpu_features=${gpu_features})
     endif ()
     list(APPEND params knobs=${knobs})
     set(extra_outputs)
@@ -83,13 +108,19 @@ function(kpool_add_kernel function)
                        PARAMS ${params}
                        USE_RUNTIME kpool_halide_runtime
                        ${extra_outputs})
-    if (ARG_DEVICE STREQUAL "sm90")
-        # sm_90 instructions in sm_80 PTX (Halide 21 names no sm_90): raise
-        # the header in the object and check the kernel with ptxas.
+    if (NOT ARG_DEVICE STREQUAL "cpu")
+        # Halide writes sm_80 PTX: raise its header to the family's target
+        # and ISA in the object (the family's instructions need them), and
+        # assemble every module with ptxas for that target (an error fails
+        # the build) into the SASS the library embeds (kpool_embed_sass).
         add_custom_command(OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/${function}.h" APPEND
-                           COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/cmake/ptx_to_sm90.py"
+                           COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/cmake/ptx_for_family.py"
                                    "${CMAKE_CURRENT_BINARY_DIR}/${function}${CMAKE_C_OUTPUT_EXTENSION}"
-                                   "${KPOOL_PTXAS}")
+                                   --ptxas "${KPOOL_PTXAS}" --target ${family_PTX_TARGET} --isa ${family_PTX_ISA}
+                                   --sass "${CMAKE_CURRENT_BINARY_DIR}/${function}.sass"
+                                   --maxrregcount ${KPOOL_CUDA_MAX_REGISTERS})
+        set_property(GLOBAL APPEND PROPERTY KPOOL_SASS_MANIFESTS "${CMAKE_CURRENT_BINARY_DIR}/${function}.sass")
+        set_property(GLOBAL APPEND PROPERTY KPOOL_SASS_DEPENDS "${CMAKE_CURRENT_BINARY_DIR}/${function}.h")
     endif ()
     set_property(GLOBAL APPEND PROPERTY KPOOL_KERNEL_LIBS ${function})
     if (ARG_VARIANT AND DEFINED ARG_CANDIDATE)
@@ -121,4 +152,22 @@ function(kpool_write_variant_table file)
     endforeach ()
     string(APPEND text "\n")
     file(CONFIGURE OUTPUT "${file}" CONTENT "${text}" @ONLY)
+endfunction()
+
+# kpool_embed_sass(<out-var>)
+#
+# The generated C++ source that embeds the SASS of every CUDA kernel added so
+# far (cmake/embed_sass.py; runtime/cuda_module_loader.cpp loads it), in
+# <out-var>: a source of the library.
+function(kpool_embed_sass out)
+    get_property(manifests GLOBAL PROPERTY KPOOL_SASS_MANIFESTS)
+    get_property(kernel_headers GLOBAL PROPERTY KPOOL_SASS_DEPENDS)
+    set(source "${CMAKE_CURRENT_BINARY_DIR}/kpool_sass_images.cpp")
+    add_custom_command(OUTPUT "${source}"
+                       COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/cmake/embed_sass.py" "${source}"
+                               ${manifests}
+                       DEPENDS "${PROJECT_SOURCE_DIR}/cmake/embed_sass.py" ${kernel_headers}
+                       COMMENT "Embedding the SASS of the CUDA kernels"
+                       VERBATIM)
+    set(${out} "${source}" PARENT_SCOPE)
 endfunction()

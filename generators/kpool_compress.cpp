@@ -26,7 +26,7 @@ Func as_f32(Func bits, const Type &type, const std::string &name, Var d, Var j, 
 template <typename T>
 class CompressBase : public KpoolGenerator<T> {
 public:
-    GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
+    GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
     GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};  // or "triton" (kpool_numerics.h)
 
     // slot_score's type (uint16 = bf16 bits, or float32) is chosen per variant.

@@ -198,7 +198,7 @@ void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr 
 
 class DecodeWriteCache : public KpoolGenerator<DecodeWriteCache> {
 public:
-    GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
+    GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
     GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};  // or "triton" (kpool_numerics.h)
 
     DecodeWriteArguments in;
@@ -229,7 +229,7 @@ private:
 // stash (docs/behaviour.md).
 class DecodeUpdate : public KpoolGenerator<DecodeUpdate> {
 public:
-    GeneratorParam<int> pool_size{"pool_size", 4, 1, 64};
+    GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
     GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};
 
     DecodeWriteArguments in;

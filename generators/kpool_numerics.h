@@ -7,10 +7,11 @@
 #include <string>
 
 #include "Halide.h"
+#include "kpool/kpool.h"  // KPOOL_HEAD_DIM, KPOOL_MAX_POOL_SIZE: the contract's, defined once
 
 namespace kpool {
 
-constexpr int kHeadDim = 128;
+constexpr int kHeadDim = KPOOL_HEAD_DIM;
 constexpr float kFp8Max = 448.0f;
 constexpr float kFp8MaxInv = float(1.0 / 448.0);
 constexpr float kAbsmaxFloor = 1e-4f;
@@ -34,8 +35,9 @@ Halide::Expr e4m3_encode(Halide::Expr x);
 //  - Integer: e4m3_encode on the clamped value, on integer bits (every target);
 //  - Sm90: sm_90's cvt.rn.satfinite.e4m3x2.f32, two values per instruction,
 //    round to nearest even, saturating at +-448 (the clamp, in hardware) and
-//    NaN to 0x7f as e4m3_encode does. Halide 21 cannot name sm_90: the
-//    build raises the PTX header of kernels that use it (cmake/ptx_to_sm90.py).
+//    NaN to 0x7f as e4m3_encode does (sm_89 and later: a family whose row in
+//    the family table lists e4m3). Halide 21 names capability 8.6 at most:
+//    the build raises the PTX header to the family's target (cmake/ptx_for_family.py).
 enum class E4m3Encoder { Integer, Sm90 };
 // x clamped to [-448, 448], then its e4m3 code.
 Halide::Expr e4m3_encode_saturated(Halide::Expr x, E4m3Encoder encoder);

@@ -20,12 +20,19 @@ using Halide::Target;
 
 // What the generator knows of its build: the target, for GPU targets which
 // GPU family the schedule is tuned for (Halide 21 cannot name sm_90, so the
-// capability alone does not say), and the family's schedule parameters, as
-// the build read them from schedules/<family>.knobs ("name:value,...").
+// capability alone does not say) and the hardware features of its row in
+// the family table (CMakeLists.txt), and the family's schedule parameters,
+// as the build read them from schedules/<family>.knobs ("name:value,...").
 struct BuildPlan {
     Target target;
-    std::string gpu;    // "", "sm80", "sm90"
-    std::string knobs;  // e.g. "fwht.values:32,fwht.run:4"
+    std::string gpu;           // "" (the CPU), or a family's name
+    std::string gpu_features;  // "+"-separated, e.g. "e4m3"
+    std::string knobs;         // e.g. "fwht.values:32,fwht.run:4"
+
+    // Whether the family's row lists `feature`.
+    bool has_gpu_feature(const std::string &feature) const {
+        return ("+" + gpu_features + "+").find("+" + feature + "+") != std::string::npos;
+    }
 };
 
 // The base of every kpool generator: the parameters each kernel's build
@@ -33,11 +40,12 @@ struct BuildPlan {
 template <typename T>
 class KpoolGenerator : public Halide::Generator<T> {
 public:
-    Halide::GeneratorParam<std::string> gpu{"gpu", ""};      // BuildPlan::gpu
-    Halide::GeneratorParam<std::string> knobs{"knobs", ""};  // BuildPlan::knobs
+    Halide::GeneratorParam<std::string> gpu{"gpu", ""};                    // BuildPlan::gpu
+    Halide::GeneratorParam<std::string> gpu_features{"gpu_features", ""};  // BuildPlan::gpu_features
+    Halide::GeneratorParam<std::string> knobs{"knobs", ""};                // BuildPlan::knobs
 
 protected:
-    BuildPlan build_plan() { return {this->get_target(), gpu, knobs}; }
+    BuildPlan build_plan() { return {this->get_target(), gpu, gpu_features, knobs}; }
 };
 
 // The kernel a generator asks its decisions for.

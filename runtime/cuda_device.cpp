@@ -1,8 +1,6 @@
 #include "cuda_device.h"
 
 #include <dlfcn.h>
-#include <stdlib.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -114,23 +112,18 @@ int get_stream(void *user_context, void *, void **stream) {
 }
 
 void install_context_hooks() {
-    // The driver JIT-compiles the kernels' PTX when a module loads; Halide
-    // caps it at 64 registers unless told otherwise. Measured on an H200
-    // (same build, both caps, graph replay): 64 makes decode 2-7% and small
-    // compress batches 15-21% slower, compress of 262144 pools 5-11% faster.
-    // A caller's own setting wins.
-    setenv("HL_CUDA_JIT_MAX_REGISTERS", "128", /*overwrite=*/0);
     halide_set_cuda_acquire_context(reinterpret_cast<halide_cuda_acquire_context_t>(&acquire_context));
     halide_set_cuda_release_context(&release_context);
     halide_set_cuda_get_stream(reinterpret_cast<halide_cuda_get_stream_t>(&get_stream));
 }
 
 // The newest family built whose lowest capability the device meets (the
-// family table, CMakeLists.txt). Halide 21 names capability 8.0 at most:
-// sm80's PTX runs, JIT-ed, on every newer GPU; sm90's kernels use sm_90
-// instructions and never load below 9.0. $KPOOL_CUDA_FAMILY=<name> runs that
-// family instead, if it is built and the device meets it (sm80 on a Hopper:
-// one GPU tests both; a fallback should a newer family's kernel misbehave).
+// family table, CMakeLists.txt). A family's PTX runs on every newer GPU
+// (JIT-compiled where its SASS does not fit, runtime/cuda_module_loader.cpp);
+// a family that uses newer instructions never loads below its capability.
+// $KPOOL_CUDA_FAMILY=<name> runs that family instead, if it is built and the
+// device meets it (an older family on a newer GPU: one GPU tests both; a
+// fallback should a newer family's kernel misbehave).
 Family family_of(const char *arg, int index, int major, int minor) {
     struct Row {
         Family family;

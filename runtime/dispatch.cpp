@@ -95,7 +95,7 @@ AnyKernel require_kernel(const VariantKey &key, const char *op) {
     if (k == nullptr) {
         throw unsupported() << op << ": no " << name(key.family) << " kernel variant was built for pool_size = "
                             << key.pool_size << ", type " << name(key.type) << ", arithmetic " << name(key.arithmetic)
-                            << " (see KPOOL_POOL_SIZES / KPOOL_CUDA_POOL_SIZES / KPOOL_CUDA_ARITHMETICS)";
+                            << " (see KPOOL_MAX_POOL_SIZE / KPOOL_CUDA_POOL_SIZES / KPOOL_CUDA_ARITHMETICS)";
     }
     return k;
 }
@@ -113,6 +113,14 @@ std::vector<VariantKey> variants_of(Family family) {
 namespace {
 // The last message the Halide runtime reported on this thread.
 thread_local std::string halide_message;
+
+// Halide's runtime reports errors here; keep the text for the status message
+// instead of printing it to stderr. Set through the runtime's own setter when
+// the library loads: the handler belongs to the Halide runtime linked into
+// kpool, not to every Halide pipeline of the process (a halide_error of
+// kpool's own would replace theirs too).
+void keep_halide_message(void *, const char *message) { halide_message = message; }
+[[maybe_unused]] const halide_error_handler_t previous_error_handler = halide_set_error_handler(&keep_halide_message);
 }  // namespace
 
 void check_halide(int result, const char *op) {
@@ -137,9 +145,3 @@ extern "C" int kpool_tune_select(int id) {
     return kernels;
 }
 #endif
-
-// Halide's runtime reports errors here; keep the text for the status message
-// instead of printing it to stderr.
-extern "C" void halide_error(void *, const char *message) {
-    kpool::rt::halide_message = message;
-}

@@ -151,6 +151,10 @@ kpool_status_code kpool_cuda_warm_up(int32_t device_index, const kpool_exec *exe
     return run_op(status, [&] { warm_up_cuda(device_index, exec != nullptr ? exec->stream : nullptr); });
 }
 
+kpool_status_code kpool_cuda_loaded_images(int32_t device_index, kpool_cuda_images *images, kpool_status *status) {
+    return run_op(status, [&] { cuda_loaded_images(device_index, images); });
+}
+
 kpool_status_code kpool_check_index_errors(int32_t device_index, const kpool_exec *exec, kpool_status *status) {
     return run_op(status, [&] { check_index_errors(device_index, exec); });
 }

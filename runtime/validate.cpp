@@ -237,8 +237,8 @@ void require_same_device(const std::vector<const TensorArg *> &args) {
 }
 
 void require_pool_size(int32_t pool_size) {
-    if (pool_size < 1 || pool_size > 64 || (pool_size & (pool_size - 1)) != 0) {
-        throw invalid() << "pool_size = " << pool_size << " is not a power of two in [1, 64]";
+    if (pool_size < 1 || pool_size > KPOOL_MAX_POOL_SIZE || (pool_size & (pool_size - 1)) != 0) {
+        throw invalid() << "pool_size = " << pool_size << " is not a power of two in [1, " << KPOOL_MAX_POOL_SIZE << "]";
     }
 }
 

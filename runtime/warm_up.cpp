@@ -4,12 +4,14 @@
 // costs milliseconds and must not happen inside a CUDA-graph capture.
 #include "warm_up.h"
 
+#include <cstdio>
 #include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "cuda_device.h"
+#include "cuda_module_loader.h"
 #include "dispatch.h"
 #include "errors.h"
 #include "ops/ops.h"
@@ -156,6 +158,18 @@ void warm_up_cuda(int device_index, void *stream) {
     }
     synchronize_stream(device, stream);
     warm.insert(device_index);
+}
+
+void cuda_loaded_images(int device_index, kpool_cuda_images *images) {
+    if (images == nullptr) {
+        throw invalid() << "images is NULL";
+    }
+    const CudaDevice &device = cuda_device(device_index, "kpool_cuda_loaded_images: device_index");
+    const LoadedImages loaded = loaded_images(device_index);
+    *images = kpool_cuda_images{};
+    std::snprintf(images->family, sizeof(images->family), "%s", name(device.family));
+    images->sass_modules = loaded.sass;
+    images->ptx_jit_modules = loaded.ptx_jit;
 }
 
 }  // namespace kpool::rt

@@ -12,6 +12,7 @@
 #include "knobs.h"
 
 #include <cstring>
+#include <optional>
 #include <string>
 
 namespace kpool::cuda {
@@ -32,8 +33,7 @@ void pure_stage_on_gpu(Func out) {
 struct CudaPlan {
     explicit CudaPlan(const BuildPlan &build) : CudaPlan(Knobs(build)) {}
     explicit CudaPlan(const Knobs &k)
-        : e4m3_sm90(k["e4m3.hardware"] != 0),
-          fwht_values(k["fwht.values"]),
+        : fwht_values(k["fwht.values"]),
           fwht_run(k["fwht.run"]),
           fwht_row_threads(k["fwht.row_threads"]),
           compress_row_threads(k["compress.row_threads"]),
@@ -47,9 +47,6 @@ struct CudaPlan {
           expand_cols(k["expand.cols"]),
           expand_and_append_cols(k["expand.append_cols"]) {}
 
-    // e4m3 codes from sm_90's cvt.rn.satfinite.e4m3x2.f32 (one instruction
-    // per pair, the clamp included) instead of integer bit arithmetic.
-    bool e4m3_sm90;
     // Values per lane of a row (4 to 32). More values per lane, fewer
     // instructions per element (in-lane butterflies instead of shuffles, one
     // index computation for more elements), more registers per lane.
@@ -85,8 +82,11 @@ CudaPlan plan_for(const BuildPlan &build) { return CudaPlan(build); }
 
 }  // namespace
 
+// e4m3 codes from the family's conversion instruction where its row has one
+// (cvt.rn.satfinite.e4m3x2.f32: one instruction per pair, the clamp
+// included), else from integer bit arithmetic.
 E4m3Encoder e4m3_encoder(const BuildPlan &build) {
-    return plan_for(build).e4m3_sm90 ? E4m3Encoder::Sm90 : E4m3Encoder::Integer;
+    return build.has_gpu_feature("e4m3") ? E4m3Encoder::Sm90 : E4m3Encoder::Integer;
 }
 
 namespace {
@@ -261,6 +261,19 @@ void compute_ring_walk_at(DecodeWriteStages &s, LoopLevel at) {
     s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
 }
 
+// The pool size a softmax pool's slot RDom was defined over: a constant (the
+// generator's pool_size), which the decode schedules unroll by; a
+// CompileError, not an empty optional dereferenced, should an algorithm
+// define it otherwise.
+int pool_slots(const SoftmaxPool &p) {
+    const std::optional<int64_t> slots = as_const_int(p.slot.x.extent());
+    if (!slots) {
+        throw CompileError("CUDA decode schedule: the pool's slot loop has no constant extent (" +
+                           p.slot.x.name() + ")");
+    }
+    return static_cast<int>(*slots);
+}
+
 // A completion's pool, each element on a thread of its own: the exact
 // arithmetic's pool is the longest chain of a completion (P slots of loads
 // and f64 exps per element), so every element of it is a thread (128, a
@@ -279,7 +292,7 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
     SoftmaxPool &p = c.pool;
     p.max_logit.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
     p.weighted_sum.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
-    if (*as_const_int(p.slot.x.extent()) <= plan.decode_unrolled_exact_slots) {
+    if (pool_slots(p) <= plan.decode_unrolled_exact_slots) {
         if (p.max_logit.has_update_definition()) {
             p.max_logit.update(0).unroll(p.later_slot);
         }
@@ -295,7 +308,7 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
 // decode call is latency-bound: every member's loads in flight at once).
 void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token) {
     compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane));
-    const int pool_size = *as_const_int(s.compress.pool.slot.x.extent());
+    const int pool_size = pool_slots(s.compress.pool);
     const bool unroll_slots =
         s.compress.pool.arithmetic == Arithmetic::Triton || pool_size <= plan.decode_unrolled_exact_slots;
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, token), unroll_slots);
@@ -391,7 +404,7 @@ void schedule_expand(ExpandStages &s, const BuildPlan &build) {
         .gpu_blocks(s.row, cb)
         .gpu_threads(ct)
         .vectorize(cv);
-    for (int P : {4, 8, 16}) {
+    for (int P : {KPOOL_CUDA_POOL_SIZE_LIST}) {  // the pool sizes with CUDA compress variants (CMakeLists.txt)
         s.out.specialize(s.pool_size == P);
     }
 }

@@ -64,8 +64,8 @@ using kpool_support::DeviceBuffer;
 namespace cu = kpool_support::cuda;
 
 // The pool sizes with a CUDA compress / decode variant (KPOOL_CUDA_POOL_SIZES).
-inline constexpr int kGpuPoolSizes[] = {4, 8, 16};
-// The expand ops take P at run time, specialized for 4, 8 and 16 on CUDA:
+inline constexpr int kGpuPoolSizes[] = {KPOOL_CUDA_POOL_SIZE_LIST};
+// The expand ops take P at run time, specialized for those on CUDA:
 // both the specializations and the general kernel.
 inline constexpr int kGpuExpandPoolSizes[] = {1, 2, 4, 8, 16, 32};
 

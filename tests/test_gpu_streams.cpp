@@ -1,8 +1,9 @@
-// The GPU on streams of the caller's: GpuWarmUp (kpool_cuda_warm_up, then a
-// first call captured in a graph), GpuGraph (calls captured on a non-default
+// The GPU on streams of the caller's: GpuWarmUp (kpool_cuda_warm_up, the
+// images it loaded, then a first call captured in a graph), GpuGraph (calls captured on a non-default
 // stream into a CUDA graph, replayed on fresh inputs), GpuThreads (threads
 // with a stream each, mixed ops on their own buffers).
 #include <atomic>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -32,6 +33,15 @@ TEST_F(GpuWarmUp, RunsEveryVariantOnceThenGraphsCapture) {
     kpool_status st{};
     ASSERT_KPOOL_OK(kpool_cuda_warm_up(0, &exec, &st), st);
     ASSERT_KPOOL_OK(kpool_cuda_warm_up(0, nullptr, &st), st);  // at once: already warm
+    // Every module loaded, as the build's SASS or JIT-compiled from its PTX
+    // (kpool version prints which; $KPOOL_CUDA_IMAGE=ptx: the PTX alone).
+    kpool_cuda_images images{};
+    ASSERT_KPOOL_OK(kpool_cuda_loaded_images(0, &images, &st), st);
+    EXPECT_GT(images.sass_modules + images.ptx_jit_modules, 0) << images.family;
+    const char *image = std::getenv("KPOOL_CUDA_IMAGE");
+    if (image != nullptr && std::string(image) == "ptx") {
+        EXPECT_EQ(0, images.sass_modules) << images.family;
+    }
     std::mt19937 rng(77);
     const int64_t rows = 5;
     Mirrored q(gpu(), make_fwht_q(rng, rows)), codes(gpu(), HostTensor(KPOOL_DTYPE_FLOAT8_E4M3FN, {rows, kD})),

@@ -11,11 +11,8 @@
 #include <vector>
 
 #include "HalideBuffer.h"
-#include "kpool_cpu_fwht_as_sm80.h"
 #include "kpool_cpu_fwht_autoscheduled.h"
-#include "kpool_cpu_fwht_as_sm90.h"
-#include "kpool_cpu_fwht_words_as_sm80.h"
-#include "kpool_cpu_fwht_words_as_sm90.h"
+#include "kpool_layout_kernels.inc"  // KPOOL_FOR_EACH_LAYOUT_FAMILY(X): X(family, element kernel, words kernel)
 #include "test_util.h"
 
 namespace {
@@ -95,19 +92,16 @@ void expect_same(const Quantized &expected, const Quantized &got) {
     EXPECT_EQ(0, std::memcmp(expected.scales.data(), got.scales.data(), sizeof(float) * kRows));
 }
 
-TEST(GpuLayoutsOnCpu, Sm80FwhtMatchesTheCpuKernel) {
-    std::vector<uint16_t> q = layout_test_rows();
-    const Quantized expected = cpu_kernel(q);
-    expect_same(expected, element_kernel(kpool_cpu_fwht_as_sm80, q));
-    expect_same(expected, words_kernel(kpool_cpu_fwht_words_as_sm80, q));
-}
-
-TEST(GpuLayoutsOnCpu, Sm90FwhtMatchesTheCpuKernel) {
-    std::vector<uint16_t> q = layout_test_rows();
-    const Quantized expected = cpu_kernel(q);
-    expect_same(expected, element_kernel(kpool_cpu_fwht_as_sm90, q));
-    expect_same(expected, words_kernel(kpool_cpu_fwht_words_as_sm90, q));
-}
+// One test per GPU family of the build (the family table, CMakeLists.txt).
+#define KPOOL_LAYOUT_TEST(family, element_fn, words_fn)            \
+    TEST(GpuLayoutsOnCpu, family##_FwhtMatchesTheCpuKernel) {      \
+        std::vector<uint16_t> q = layout_test_rows();              \
+        const Quantized expected = cpu_kernel(q);                  \
+        expect_same(expected, element_kernel(element_fn, q));      \
+        expect_same(expected, words_kernel(words_fn, q));          \
+    }
+KPOOL_FOR_EACH_LAYOUT_FAMILY(KPOOL_LAYOUT_TEST)
+#undef KPOOL_LAYOUT_TEST
 
 // The generator under Halide's Mullapudi2016 autoscheduler (its schedule()
 // steps aside, the estimates guide it): a twin as the autotuning tool

@@ -5,9 +5,11 @@
 //   kpool overhead  host cost per C API call of each op
 //   kpool version | help
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,7 +41,10 @@ const char kUsage[] =
     "      back to back, default 2000, best and median of 7 runs), and on a GPU the\n"
     "      same for a bare launch of an empty kernel (the driver's floor).\n"
     "  version\n"
-    "      The library's version and the devices it was built for.\n"
+    "      The library's version and the devices it was built for; on a GPU, the\n"
+    "      family it runs there and which image of its kernels the device loaded\n"
+    "      (the build's SASS, or PTX JIT-compiled by the driver), with the time\n"
+    "      loading and running every kernel once took ($KPOOL_CUDA_IMAGE=ptx: PTX).\n"
     "  help\n"
     "      This text.\n"
     "\n"
@@ -158,6 +163,37 @@ int overhead_command(const std::vector<std::string> &args) {
     return run_overhead(device, static_cast<int>(calls));
 }
 
+// The version, then per GPU: the family it runs, which image of kpool's
+// kernels it loaded, and how long loading and running each variant once took
+// (kpool_cuda_warm_up: a process's first calls).
+int version_command() {
+    std::printf("%s\n", kpool_version());
+    if (!kpool_support::library_has_cuda()) return kExitOk;
+    for (int index = 0;; ++index) {
+        std::string error;
+        std::unique_ptr<Device> device = kpool_support::open_cuda_device(index, &error);
+        if (!device) break;  // no driver, or no GPU `index`
+        const kpool_exec exec = device->exec();
+        kpool_status st{};
+        const auto start = std::chrono::steady_clock::now();
+        if (kpool_cuda_warm_up(device->index(), &exec, &st) != KPOOL_OK) {
+            std::fprintf(stderr, "kpool version: %s: kpool_cuda_warm_up: %s\n", device->name().c_str(), st.message);
+            return kExitMismatch;
+        }
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        kpool_cuda_images images{};
+        if (kpool_cuda_loaded_images(device->index(), &images, &st) != KPOOL_OK) {
+            std::fprintf(stderr, "kpool version: %s: kpool_cuda_loaded_images: %s\n", device->name().c_str(),
+                         st.message);
+            return kExitMismatch;
+        }
+        std::printf("%s: family %s, %d kernel modules loaded as SASS, %d JIT-compiled from PTX; "
+                    "first call of every variant %.1f ms\n",
+                    device->name().c_str(), images.family, images.sass_modules, images.ptx_jit_modules, ms);
+    }
+    return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -167,10 +203,7 @@ int main(int argc, char **argv) {
     if (command == "demo") return demo_command(args);
     if (command == "check") return check_command(args);
     if (command == "overhead") return overhead_command(args);
-    if (command == "version" || command == "--version") {
-        std::printf("%s\n", kpool_version());
-        return kExitOk;
-    }
+    if (command == "version" || command == "--version") return version_command();
     if (command == "help" || command == "--help" || command == "-h") {
         std::fputs(kUsage, stdout);
         return kExitOk;

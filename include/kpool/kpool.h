@@ -20,6 +20,8 @@ extern "C" {
 #endif
 
 #define KPOOL_HEAD_DIM 128
+/* Pool sizes are powers of two up to this; every one has a CPU variant. */
+#define KPOOL_MAX_POOL_SIZE 64
 /* Bytes of one slot of the paged K cache, uint8 [num_blocks, block_size,
  * KPOOL_CACHE_ROW_BYTES]: a page holds its slots' e4m3 codes (KPOOL_HEAD_DIM
  * bytes each), then their f32 scales (4 bytes each). */
@@ -214,6 +216,21 @@ kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result,
  * exec->index_errors are ignored (every arithmetic is warmed up). */
 kpool_status_code kpool_cuda_warm_up(int32_t device_index, const kpool_exec *exec,
                                      kpool_status *status);
+
+/* Which image of kpool's CUDA kernels device `device_index` has loaded: the
+ * GPU family whose kernels it runs, and how many kernel modules it loaded so
+ * far as the SASS embedded in the build (assembled for the family's PTX
+ * target: no JIT) and how many it JIT-compiled from their PTX (a GPU the SASS
+ * does not fit, a driver older than the build's ptxas, or
+ * $KPOOL_CUDA_IMAGE=ptx). Modules load at a variant's first call, or all at
+ * once in kpool_cuda_warm_up. */
+typedef struct kpool_cuda_images {
+    char family[16];
+    int32_t sass_modules;
+    int32_t ptx_jit_modules;
+} kpool_cuda_images;
+kpool_status_code kpool_cuda_loaded_images(int32_t device_index, kpool_cuda_images *images,
+                                           kpool_status *status);
 
 /* Reads exec->index_errors back from CUDA device `device_index` (on
  * exec->stream, which it synchronizes), zeroes the words, and returns KPOOL_OK
