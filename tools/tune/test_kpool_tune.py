@@ -1,11 +1,17 @@
 """The tuner's plan and apply logic on the committed knobs files and on a
-recorded results file (testdata/), without building or timing anything."""
+recorded results file (testdata/), and its isolation of failing candidates
+(a segfault, a hang, a raise) on fake units; with KPOOL_TUNE_BUNDLE (a CPU
+bundle of `plan`, as tools/tune/cpu_loop.sh makes), the same failures among
+the real candidates of that bundle."""
 
+import ctypes
+import faulthandler
 import json
 import os
 import random
 import shutil
 import sys
+import time
 
 import pytest
 
@@ -90,3 +96,104 @@ def test_apply_rewrites_only_the_winning_values(tmp_path, capsys):
     assert "| decode (triton) | requests=64 next_n=1 P=4 | - | 3.0 |" in out
     assert "decode: the reference was not timed: AssertionError: a recorded failure" in out
     assert "decode: Anderson2021 could not schedule it: kpool_sm90_decode_update_p4_triton_c9" in out
+
+
+# --- isolation: a candidate that faults, hangs or raises is recorded, and the run goes on ---------
+def fail_as_told(c):
+    fault = c.get("fake")
+    if fault == "segfault":
+        faulthandler.disable()  # pytest's handler would print the worker's stack
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    elif fault == "hang":
+        time.sleep(3600)
+    elif fault == "raise":
+        raise RuntimeError("a fake candidate's failure")
+
+
+class FakeSession:
+    """A unit whose candidates fail as their "fake" field says, in the worker
+    process itself (a real segfault, a real hang), in place of the library."""
+
+    def __init__(self, *args):
+        pass
+
+    def hand_times(self):
+        return {"case": 10.0}
+
+    def reference_times(self):
+        return None
+
+    def candidate(self, c, timed):
+        fail_as_told(c)
+        return {"case": 9.0 - c["id"] * 0.1} if timed else {}
+
+    def healthy(self):
+        return False  # as on CUDA: a fresh process after any failure
+
+
+def fake_bundle(tmp_path, faults):
+    candidates = [dict(id=i, unit="fwht", arithmetic="exact", changed={"fwht.rows_per_task": 4 * (i + 1)},
+                       knobs={"fwht.rows_per_task": 4 * (i + 1)}, fake=f) for i, f in enumerate(faults)]
+    (tmp_path / "candidates.json").write_text(json.dumps(dict(family="cpu", knobs={}, candidates=candidates,
+                                                              failed=[])))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("preflight", [True, False])
+def test_run_records_a_segfault_a_hang_and_a_raise_and_goes_on(tmp_path, monkeypatch, capsys, preflight):
+    monkeypatch.setattr(kt, "open_session", FakeSession)
+    bundle = fake_bundle(tmp_path, [None, "segfault", None, "hang", "raise", None])
+    out = tmp_path / "results.json"
+    kt.main(["run", bundle, "--candidate-timeout", "3", "--out", str(out)] + ([] if preflight else ["--no-preflight"]))
+    results = json.loads(out.read_text())
+    by_id = {c["id"]: c for c in results["units"]["fwht"]["candidates"]}
+    assert sorted(by_id) == [0, 1, 2, 3, 4, 5]
+    assert [i for i, c in by_id.items() if c["valid"]] == [0, 2, 5]
+    assert "SIGSEGV" in by_id[1]["error"]
+    assert "no result after 3 s" in by_id[3]["error"]
+    assert "a fake candidate's failure" in by_id[4]["error"]
+    assert by_id[1]["knobs"] == {"fwht.rows_per_task": 8}  # a failure keeps its knobs
+    assert by_id[5]["times"] == {"case": 8.5}
+    assert results["summary"] == dict(measured=3, failed=3, not_reached=0, not_built=0)
+    assert "3 of 6 candidates measured, 3 failed, 0 not reached" in capsys.readouterr().out
+    assert kt.winners(results)["fwht"][0]["id"] == 5
+
+
+def test_check_fails_on_a_faulting_candidate(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(kt, "open_session", FakeSession)
+    assert kt.main(["check", fake_bundle(tmp_path, [None, None]), "--candidate-timeout", "3"]) == 0
+    assert kt.main(["check", fake_bundle(tmp_path, [None, "segfault"]), "--candidate-timeout", "3"]) == 1
+    assert "1 failed, 0 not reached" in capsys.readouterr().out
+
+
+def test_a_spent_budget_leaves_candidates_not_reached(tmp_path, monkeypatch):
+    monkeypatch.setattr(kt, "open_session", FakeSession)
+    out = tmp_path / "results.json"
+    kt.main(["run", fake_bundle(tmp_path, [None, None, None]), "--budget", "0", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["summary"] == dict(measured=0, failed=0, not_reached=3, not_built=0)
+
+
+@pytest.mark.skipif(not os.environ.get("KPOOL_TUNE_BUNDLE"), reason="needs a CPU bundle (tools/tune/cpu_loop.sh)")
+def test_run_on_a_real_bundle_goes_on_past_failing_candidates(tmp_path, monkeypatch):
+    real = os.environ["KPOOL_TUNE_BUNDLE"]
+    bundle = json.loads(open(os.path.join(real, "candidates.json")).read())
+    unit = bundle["candidates"][0]["unit"]
+    knobs = bundle["candidates"][0]["knobs"]
+    fakes = [dict(id=1000 + i, unit=unit, arithmetic="exact", changed={"fake": i}, knobs=knobs, fake=f)
+             for i, f in enumerate(["segfault", "hang", "raise"])]
+    # The fakes first: every real candidate after them must still be measured.
+    bundle["candidates"] = fakes + bundle["candidates"]
+    (tmp_path / "candidates.json").write_text(json.dumps(bundle))
+    os.symlink(os.path.join(real, "libkpool.so"), tmp_path / "libkpool.so")
+    real_candidate = kt.Session.candidate
+    monkeypatch.setattr(kt.Session, "candidate", lambda self, c, timed: fail_as_told(c) or real_candidate(self, c, timed))
+    out = tmp_path / "results.json"
+    kt.main(["run", str(tmp_path), "--quick", "--candidate-timeout", "30", "--out", str(out)])
+    results = json.loads(out.read_text())
+    by_id = {c["id"]: c for e in results["units"].values() for c in e["candidates"]}
+    assert "SIGSEGV" in by_id[1000]["error"] and "no result after 30 s" in by_id[1001]["error"]
+    assert "a fake candidate's failure" in by_id[1002]["error"]
+    real_ids = [c["id"] for c in bundle["candidates"] if "fake" not in c]
+    assert all(by_id[i]["valid"] and by_id[i]["times"] for i in real_ids), [by_id[i] for i in real_ids]
+    assert results["summary"]["measured"] == len(real_ids) and results["summary"]["failed"] == 3
