@@ -154,6 +154,12 @@ constexpr int kPools = 4096, kPoolSize = 4, kTokens = 16384;
 constexpr int kRequests = 512, kNextN = 2;
 constexpr int kCacheBlocks = 1024, kBlockSize = 64, kTailBlocks = 1024;
 constexpr int kExpandRows = 1024, kTopk = 2048, kSeqLen = 131072;
+// A scalar Input that sizes a footprint (pool_size: a token and the one P
+// ahead) is estimated at its largest legal value (runtime/validate.cpp):
+// Anderson2021 sizes such footprints from the estimate (bound_extent), and
+// Halide checks that bound inside a CUDA kernel with a trap, so an estimate
+// below the value called faults the context (NOTES-halide.md).
+constexpr int kMaxPoolSize = 64;
 // The shapes more than one generator shares.
 inline Halide::Region tail_ring(int ring) { return {{0, kHeadDim}, {0, ring}, {0, 2}, {0, kTailBlocks}}; }
 inline Halide::Region kv_cache() { return {{0, kHeadDim}, {0, kBlockSize}, {0, kCacheBlocks}}; }
