@@ -417,9 +417,16 @@ class Device:
         end.synchronize()
         calls = max(1, min(20, int(20e3 / max(start.elapsed_time(end) * 1e3, 1.0))))
         graph = t.cuda.CUDAGraph()
-        with t.cuda.graph(graph):
-            for _ in range(calls):
-                call(kpool, xs)
+        try:
+            with t.cuda.graph(graph):
+                for _ in range(calls):
+                    call(kpool, xs)
+        except Exception as e:
+            # What breaks capture in a Halide kernel: device memory allocated
+            # per call (a compute_root intermediate: halide_device_malloc,
+            # cuMemAlloc, is illegal while a stream is captured).
+            raise RuntimeError(f"breaks CUDA-graph capture (allocates device memory per call?): "
+                               f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
         graph.replay()
         times = []
         for _ in range(5):
