@@ -359,6 +359,13 @@ class Device:
             import torch
             self.torch = torch
 
+    def name(self):
+        """The machine the times are of, for the results and the docs' table."""
+        if self.kind == "cuda":
+            return self.torch.cuda.get_device_name()
+        import platform
+        return f"CPU ({platform.machine()}, {os.cpu_count()} threads)"
+
     def put(self, x):
         import numpy as np
         if self.kind == "cpu":
@@ -508,6 +515,9 @@ class Session:
             name, x, call, state = self.cases[0]
             self.cpu_expected = (name, Device("cpu").result(kpool, call, x, state))
 
+    def device_name(self):
+        return self.device.name()
+
     def hand_times(self):
         return {name: self.device.time_us(self.kpool, call, x) for name, x, call, _ in self.cases}
 
@@ -546,7 +556,7 @@ def unit_worker(conn, job):
     try:
         session = open_session(job["bundle"], job["family"], job["unit"], job["small"], job["quick"], job["seed"])
         if job["time_hand"]:
-            conn.send(("hand", dict(times=session.hand_times())))
+            conn.send(("hand", dict(times=session.hand_times(), device=session.device_name())))
         if job["time_reference"]:
             conn.send(("reference", session.reference_times()))
     except Exception as e:  # noqa: BLE001 - the parent records why the unit has no baseline
@@ -717,6 +727,7 @@ def run(a):
         def report(kind, payload, entry=entry, unit=unit):
             nonlocal done
             if kind == "hand":
+                results.setdefault("device", payload.pop("device", None))
                 entry["hand"] = payload
             elif kind == "reference" and payload is not None:
                 entry["reference"] = payload
@@ -819,6 +830,35 @@ def table(results, min_gain=0.02):
     return "\n".join(lines)
 
 
+DOCS = os.path.join(REPO, "docs")
+
+
+def keep(results, table_text, docs_dir):
+    """The run's results as docs/measured/tune_<family>.json, and its table
+    in docs/tuning.md between the family's markers (added at the end the
+    first time)."""
+    family = results["family"]
+    os.makedirs(os.path.join(docs_dir, "measured"), exist_ok=True)
+    measured = os.path.join(docs_dir, "measured", f"tune_{family}.json")
+    with open(measured, "w") as f:
+        json.dump(results, f, indent=1)
+    begin, end = f"<!-- tune table {family}: kpool_tune.py apply --keep -->", f"<!-- end tune table {family} -->"
+    s = results.get("summary") or summary(results)
+    section = (f"{begin}\n### {family}, measured on {results.get('device') or 'an unnamed device'}\n\n"
+               f"{s['measured']} candidates measured, {s['failed']} failed, {s['not_reached']} not reached, "
+               f"{s['not_built']} not built (`docs/measured/tune_{family}.json`).\n\n{table_text}\n{end}")
+    path = os.path.join(docs_dir, "tuning.md")
+    with open(path) as f:
+        doc = f.read()
+    if begin in doc and end in doc:
+        doc = doc[:doc.index(begin)] + section + doc[doc.index(end) + len(end):]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(doc)
+    print(f"kept: {measured} and the table in {path}")
+
+
 def apply(a):
     with open(a.results) as f:
         results = json.load(f)
@@ -831,10 +871,13 @@ def apply(a):
             print(f"{unit}: {knob_string(best['changed'])} ({ratio:.3f}x the hand values' time)")
         else:
             print(f"{unit}: the hand values stay")
-    if new:
+    if new and not a.no_knobs:
         write_knobs(path, new)
         print(f"wrote {len(new)} values into {path}")
-    print(table(results, a.min_gain))
+    text = table(results, a.min_gain)
+    print(text)
+    if a.keep:
+        keep(results, text, a.docs_dir)
 
 
 def main(argv=None):
@@ -867,6 +910,10 @@ def main(argv=None):
     ap = sub.add_parser("apply", help="write the winners into the family's .knobs")
     ap.add_argument("results")
     ap.add_argument("--min-gain", type=float, default=0.02, help="how much faster a winner must be (0.02: 2 %%)")
+    ap.add_argument("--no-knobs", action="store_true", help="print (and keep) the table, leave the .knobs as it is")
+    ap.add_argument("--keep", action="store_true",
+                    help="also write the results to docs/measured/tune_<family>.json and the table into docs/tuning.md")
+    ap.add_argument("--docs-dir", default=DOCS)
     for q in (pl, ap):
         q.add_argument("--knobs-dir", default=os.path.join(REPO, "schedules"))
     a = p.parse_args(argv)

@@ -117,6 +117,9 @@ class FakeSession:
     def __init__(self, *args):
         pass
 
+    def device_name(self):
+        return "a fake device"
+
     def hand_times(self):
         return {"case": 10.0}
 
@@ -155,6 +158,7 @@ def test_run_records_a_segfault_a_hang_and_a_raise_and_goes_on(tmp_path, monkeyp
     assert by_id[1]["knobs"] == {"fwht.rows_per_task": 8}  # a failure keeps its knobs
     assert by_id[5]["times"] == {"case": 8.5}
     assert results["summary"] == dict(measured=3, failed=3, not_reached=0, not_built=0)
+    assert results["device"] == "a fake device"
     assert "3 of 6 candidates measured, 3 failed, 0 not reached" in capsys.readouterr().out
     assert kt.winners(results)["fwht"][0]["id"] == 5
 
@@ -197,3 +201,18 @@ def test_run_on_a_real_bundle_goes_on_past_failing_candidates(tmp_path, monkeypa
     real_ids = [c["id"] for c in bundle["candidates"] if "fake" not in c]
     assert all(by_id[i]["valid"] and by_id[i]["times"] for i in real_ids), [by_id[i] for i in real_ids]
     assert results["summary"]["measured"] == len(real_ids) and results["summary"]["failed"] == 3
+
+
+def test_apply_keep_writes_the_results_and_the_table_once(tmp_path):
+    shutil.copy(os.path.join(SCHEDULES, "sm90.knobs"), tmp_path / "sm90.knobs")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "tuning.md").write_text("# Schedule tuning\n\ntext\n")
+    args = ["apply", RESULTS, "--knobs-dir", str(tmp_path), "--docs-dir", str(docs), "--keep", "--no-knobs"]
+    kt.main(args)
+    kt.main(args)  # again: the section is replaced, not added twice
+    doc = (docs / "tuning.md").read_text()
+    assert doc.startswith("# Schedule tuning\n\ntext\n") and doc.count("<!-- tune table sm90") == 1
+    assert "| fwht (triton) | rows=65536 | 11.5 | 10.0 | 9.0 | fwht.values:16 | 30.0 |" in doc
+    assert json.loads((docs / "measured" / "tune_sm90.json").read_text())["family"] == "sm90"
+    assert (tmp_path / "sm90.knobs").read_text() == open(os.path.join(SCHEDULES, "sm90.knobs")).read()
