@@ -53,45 +53,11 @@ OPS = ("fwht", "compress", "decode", "seed", "expand")
 # Halide's autoscheduler per device: Anderson2021 is the GPU one the wheel
 # ships; Mullapudi2016 schedules the CPU from the generators' estimates.
 AUTOSCHEDULERS = {"cpu": "Mullapudi2016", "cuda": "Anderson2021"}
-KNOB_LINE = re.compile(r"^([a-z0-9_.]+)\s*=\s*(-?\d+)\s*:\s*([-\d ]+?)\s*$")
 
 
-# --- the knobs file -------------------------------------------------------------------------------
-def read_knobs(path):
-    """(values {name: int}, legal {name: [int]}, requires [expression])."""
-    values, legal, requires = {}, {}, []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            m = KNOB_LINE.match(line)
-            if m:
-                values[m[1]] = int(m[2])
-                legal[m[1]] = [int(v) for v in m[3].split()]
-            elif line.startswith("require "):
-                requires.append(line[len("require "):])
-    return values, legal, requires
-
-
-def write_knobs(path, new_values):
-    """Rewrites the values of the knobs named in new_values, leaving every
-    other line (comments, legal values, requires) as it is."""
-    out = []
-    with open(path) as f:
-        for line in f:
-            m = KNOB_LINE.match(line.strip())
-            if m and m[1] in new_values:
-                head = line[:line.index("=") + 1]
-                value_and_pad = line[len(head):line.index(":")]
-                width = len(value_and_pad) - 1
-                line = f"{head} {str(new_values[m[1]]).ljust(width)}{line[line.index(':'):]}"
-            out.append(line)
-    with open(path, "w") as f:
-        f.writelines(out)
-
-
-def satisfies(knobs, requires):
-    env = {name.replace(".", "__"): v for name, v in knobs.items()}
-    return all(eval(re.sub(r"([a-z_]+)\.([a-z_]+)", r"\1__\2", r), {"__builtins__": {}}, env) for r in requires)
+# --- the knobs file: schedules/knobs.py, the one reader (the build runs it too) -------------------
+sys.path.insert(0, os.path.join(REPO, "schedules"))
+import knobs as knobs_file  # noqa: E402
 
 
 def unit_of(knob):
@@ -101,12 +67,12 @@ def unit_of(knob):
     return f"{op}.exact" if "exact" in knob else op
 
 
-def units(values, legal):
-    """{unit: [knob names]} of the knobs with more than one legal value."""
+def units(knobs):
+    """{unit: [knob names]} of the knobs (a knobs_file.Knobs) with more than one legal value."""
     out = {}
-    for name in values:
+    for name in knobs.values:
         u = unit_of(name)
-        if u and len(legal[name]) > 1:
+        if u and len(knobs.legal[name]) > 1:
             out.setdefault(u, []).append(name)
     return out
 
@@ -120,14 +86,15 @@ def arithmetic_of(family, unit):
 
 
 # --- plan -----------------------------------------------------------------------------------------
-def enumerate_unit(values, legal, requires, knobs, limit, rng):
-    """The unit's settings other than the hand one (all, or `limit` sampled)."""
+def enumerate_unit(knobs, names, limit, rng):
+    """The unit's settings of the knobs `names` other than the hand one (all
+    that satisfy the file's requires, or `limit` of them sampled)."""
     settings = []
-    for combo in itertools.product(*(legal[k] for k in knobs)):
-        s = dict(zip(knobs, combo))
-        if s == {k: values[k] for k in knobs}:
+    for combo in itertools.product(*(knobs.legal[k] for k in names)):
+        s = dict(zip(names, combo))
+        if s == {k: knobs.values[k] for k in names}:
             continue
-        if satisfies({**values, **s}, requires):
+        if knobs.satisfies({**knobs.values, **s}):
             settings.append(s)
     if limit is not None and len(settings) > limit:
         settings = rng.sample(settings, limit)
@@ -135,7 +102,7 @@ def enumerate_unit(values, legal, requires, knobs, limit, rng):
 
 
 def knob_string(knobs):
-    return ",".join(f"{k}:{v}" for k, v in knobs.items())
+    return knobs_file.wire(knobs)
 
 
 def cmake_line(family, c):
@@ -190,14 +157,15 @@ def halide_errors(out):
 
 def plan(a):
     knobs_path = os.path.join(a.knobs_dir, f"{a.family}.knobs")
-    values, legal, requires = read_knobs(knobs_path)
+    knobs = knobs_file.Knobs(knobs_path)
+    values = knobs.values
     rng = random.Random(a.seed)
     candidates = []
-    for unit, names in units(values, legal).items():
+    for unit, names in units(knobs).items():
         if a.units and unit not in a.units:
             continue
         arith = arithmetic_of(a.family, unit)
-        for s in enumerate_unit(values, legal, requires, names, a.max, rng):
+        for s in enumerate_unit(knobs, names, a.max, rng):
             candidates.append(dict(id=len(candidates), unit=unit, arithmetic=arith, changed=s, knobs={**values, **s}))
         if not a.no_autoscheduler:
             candidates.append(dict(id=len(candidates), unit=unit, arithmetic=arith, changed={}, knobs=values,
@@ -872,7 +840,7 @@ def apply(a):
         else:
             print(f"{unit}: the hand values stay")
     if new and not a.no_knobs:
-        write_knobs(path, new)
+        knobs_file.write_values(path, new)
         print(f"wrote {len(new)} values into {path}")
     text = table(results, a.min_gain)
     print(text)

@@ -9,6 +9,7 @@ import faulthandler
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -18,29 +19,49 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import kpool_tune as kt  # noqa: E402
+import knobs as kf  # noqa: E402 (schedules/knobs.py, on the path kpool_tune puts it)
 
 SCHEDULES = os.path.join(kt.REPO, "schedules")
 RESULTS = os.path.join(HERE, "testdata", "sm90_results.json")
 
 
 @pytest.mark.parametrize("family", ["cpu", "sm80", "sm90"])
+def read(family):
+    return kf.Knobs(os.path.join(SCHEDULES, f"{family}.knobs"))
+
+
+@pytest.mark.parametrize("family", ["cpu", "sm80", "sm90"])
 def test_committed_values_are_legal_and_satisfy_the_requires(family):
-    values, legal, requires = kt.read_knobs(os.path.join(SCHEDULES, f"{family}.knobs"))
-    assert values, family
-    for name, v in values.items():
-        assert v in legal[name], name
-    assert kt.satisfies(values, requires)
+    knobs = read(family)  # the reader checks both
+    assert knobs.values and knobs.satisfies(knobs.values), family
+
+
+def test_the_reader_rejects_what_the_configure_must(tmp_path):
+    good = open(os.path.join(SCHEDULES, "sm90.knobs")).read()
+    cases = {
+        "require fwht.run <= fwht.values does not hold for fwht.run = 8, fwht.values = 4":
+            good.replace("fwht.values = 32 ", "fwht.values = 4  ").replace("fwht.run = 4 ", "fwht.run = 8 "),
+        "fwht.run = 5 is not among its legal values": good.replace("fwht.run = 4 ", "fwht.run = 5 "),
+        "fwht.run given twice": good + "fwht.run = 4 : 4\n",
+        "not \"name = value : legal values\"": good + "fwht.run 4\n",
+    }
+    for message, text in cases.items():
+        (tmp_path / "sm90.knobs").write_text(text)
+        with pytest.raises(kf.KnobsError, match=re.escape(message)):
+            kf.Knobs(tmp_path / "sm90.knobs")
+    # write_values leaves a file that breaks a rule as it was.
+    (tmp_path / "sm90.knobs").write_text(good)
+    with pytest.raises(kf.KnobsError):
+        kf.write_values(tmp_path / "sm90.knobs", {"fwht.run": 16, "fwht.values": 8})
+    assert (tmp_path / "sm90.knobs").read_text() == good
 
 
 def test_gpu_families_name_the_same_knobs():
-    sm80 = kt.read_knobs(os.path.join(SCHEDULES, "sm80.knobs"))[0]
-    sm90 = kt.read_knobs(os.path.join(SCHEDULES, "sm90.knobs"))[0]
-    assert sorted(sm80) == sorted(sm90)
+    assert sorted(read("sm80").values) == sorted(read("sm90").values)
 
 
 def test_units_split_by_op_and_arithmetic():
-    values, legal, _ = kt.read_knobs(os.path.join(SCHEDULES, "sm90.knobs"))
-    u = kt.units(values, legal)
+    u = kt.units(read("sm90"))
     assert "e4m3.hardware" not in [k for ks in u.values() for k in ks]  # a capability, not tuned
     assert u["compress.exact"] == ["compress.exact_values"]
     assert "compress.triton_values" in u["compress"]
@@ -50,16 +71,16 @@ def test_units_split_by_op_and_arithmetic():
 
 
 def test_enumeration_prunes_by_requires_and_leaves_out_the_hand_values():
-    values, legal, requires = kt.read_knobs(os.path.join(SCHEDULES, "sm90.knobs"))
-    knobs = kt.units(values, legal)["fwht"]
-    settings = kt.enumerate_unit(values, legal, requires, knobs, None, random.Random(0))
+    knobs = read("sm90")
+    names = kt.units(knobs)["fwht"]
+    settings = kt.enumerate_unit(knobs, names, None, random.Random(0))
     assert all(s["fwht.run"] <= s["fwht.values"] for s in settings)
-    assert {k: values[k] for k in knobs} not in settings
+    assert {k: knobs.values[k] for k in names} not in settings
     full = 1
-    for k in knobs:
-        full *= len(legal[k])
+    for k in names:
+        full *= len(knobs.legal[k])
     assert 0 < len(settings) < full - 1  # some pruned
-    sampled = kt.enumerate_unit(values, legal, requires, knobs, 5, random.Random(0))
+    sampled = kt.enumerate_unit(knobs, names, 5, random.Random(0))
     assert len(sampled) == 5 and all(s in settings for s in sampled)
 
 
@@ -90,7 +111,7 @@ def test_apply_rewrites_only_the_winning_values(tmp_path, capsys):
     changed = [(b, a) for b, a in zip(before, after) if b != a]
     assert len(before) == len(after) and len(changed) == 1
     assert changed[0][1].startswith("fwht.values = 16 ") and changed[0][1].index(":") == changed[0][0].index(":")
-    assert kt.read_knobs(tmp_path / "sm90.knobs")[0]["fwht.values"] == 16
+    assert kf.Knobs(tmp_path / "sm90.knobs").values["fwht.values"] == 16
     out = capsys.readouterr().out
     assert "| fwht (triton) | rows=65536 | 11.5 | 10.0 | 9.0 | fwht.values:16 | 30.0 |" in out
     assert "| decode (triton) | requests=64 next_n=1 P=4 | - | 3.0 |" in out
