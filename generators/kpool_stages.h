@@ -8,6 +8,8 @@
 // schedules/kpool_schedules.cpp picks the family from the target.
 #pragma once
 
+#include <map>
+#include <optional>
 #include <string>
 
 #include "Halide.h"
@@ -18,14 +20,22 @@ namespace kpool {
 using Halide::RDom;
 using Halide::Target;
 
+// A family's schedule parameters by name, as the build passes them
+// (knobs=name:value,...: the values of schedules/<family>.knobs, read and
+// checked against their legal values and `require` lines by
+// schedules/knobs.py at configure time). Split once per generator; each
+// family's plan reads them into typed fields (KnobReader, schedules/knobs.h).
+using KnobValues = std::map<std::string, int>;
+KnobValues split_knobs(const std::string &family, const std::string &wire);  // schedules/knobs.cpp
+
 // What the generator knows of its build: the target, for GPU targets which
 // GPU family the schedule is tuned for (Halide 21 cannot name sm_90, so the
-// capability alone does not say), and the family's schedule parameters, as
-// the build read them from schedules/<family>.knobs ("name:value,...").
+// capability alone does not say), and the family's schedule parameters.
 struct BuildPlan {
     Target target;
-    std::string gpu;    // "", "sm80", "sm90"
-    std::string knobs;  // e.g. "fwht.values:32,fwht.run:4"
+    std::string gpu;  // "", "sm80", "sm90"
+    KnobValues knobs;
+    std::string family() const { return gpu.empty() ? "cpu" : gpu; }
 };
 
 // The base of every kpool generator: the parameters each kernel's build
@@ -37,7 +47,17 @@ public:
     Halide::GeneratorParam<std::string> knobs{"knobs", ""};  // BuildPlan::knobs
 
 protected:
-    BuildPlan build_plan() { return {this->get_target(), gpu, knobs}; }
+    // Made once: generate() and schedule() read the same plan.
+    const BuildPlan &build_plan() {
+        if (!plan_) {
+            const std::string family = gpu.value().empty() ? "cpu" : gpu.value();
+            plan_ = BuildPlan{this->get_target(), gpu, split_knobs(family, knobs)};
+        }
+        return *plan_;
+    }
+
+private:
+    std::optional<BuildPlan> plan_;
 };
 
 // The kernel a generator asks its decisions for.
