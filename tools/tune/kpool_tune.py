@@ -651,6 +651,12 @@ def check_all(a, bundle, order, by_unit, deadline):
     return failed, not_reached
 
 
+def end_on_sigterm():
+    """A SIGTERM (`timeout`, the GPU call's deadline) ends the run as an
+    exit does: the worker processes are killed with it, the results kept."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def load_bundle(a):
     with open(os.path.join(a.bundle, "candidates.json")) as f:
         bundle = json.load(f)
@@ -661,6 +667,7 @@ def load_bundle(a):
 
 
 def check(a):
+    end_on_sigterm()
     bundle, by_unit, order = load_bundle(a)
     total = sum(len(by_unit[u]) for u in order)
     failed, not_reached = check_all(a, bundle, order, by_unit, time.time() + a.budget)
@@ -670,6 +677,7 @@ def check(a):
 
 
 def run(a):
+    end_on_sigterm()
     bundle, by_unit, order = load_bundle(a)
     family = bundle["family"]
     deadline = time.time() + a.budget

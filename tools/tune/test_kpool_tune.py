@@ -11,6 +11,8 @@ import os
 import random
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import time
 
@@ -126,6 +128,9 @@ def fail_as_told(c):
         faulthandler.disable()  # pytest's handler would print the worker's stack
         ctypes.string_at(0)  # reads address 0: SIGSEGV
     elif fault == "hang":
+        if os.environ.get("KPOOL_TUNE_TEST_PIDS"):
+            with open(os.environ["KPOOL_TUNE_TEST_PIDS"], "a") as f:
+                f.write(f"{os.getpid()}\n")
         time.sleep(3600)
     elif fault == "raise":
         raise RuntimeError("a fake candidate's failure")
@@ -189,6 +194,33 @@ def test_check_fails_on_a_faulting_candidate(tmp_path, monkeypatch, capsys):
     assert kt.main(["check", fake_bundle(tmp_path, [None, None]), "--candidate-timeout", "3"]) == 0
     assert kt.main(["check", fake_bundle(tmp_path, [None, "segfault"]), "--candidate-timeout", "3"]) == 1
     assert "1 failed, 0 not reached" in capsys.readouterr().out
+
+
+def test_sigterm_ends_the_run_and_its_workers(tmp_path):
+    """`timeout` (the GPU call's deadline) sends SIGTERM to the tuner only: its
+    workers must not outlive it (a hung one would hold the GPU)."""
+    bundle = fake_bundle(tmp_path, [None, "hang"])
+    pids = tmp_path / "pids"
+    script = (f"import sys; sys.path[:0] = [{HERE!r}]; import kpool_tune as kt, test_kpool_tune as t; "
+              f"kt.open_session = t.FakeSession; "
+              f"kt.main(['run', {bundle!r}, '--no-preflight', '--out', {str(tmp_path / 'r.json')!r}])")
+    p = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "KPOOL_TUNE_TEST_PIDS": str(pids)})
+    deadline = time.time() + 30
+    while not pids.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert pids.exists(), "the hanging candidate never started"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) != 0
+    worker = int(pids.read_text().split()[0])
+    deadline = time.time() + 10
+    while time.time() < deadline and os.path.exists(f"/proc/{worker}"):
+        time.sleep(0.1)
+    outlived = os.path.exists(f"/proc/{worker}")
+    if outlived:
+        os.kill(worker, signal.SIGKILL)  # not left behind by a failing test
+    assert not outlived, "the worker outlived the run"
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert [c["id"] for c in results["units"]["fwht"]["candidates"]] == [0]  # measured before the signal
 
 
 def test_a_spent_budget_leaves_candidates_not_reached(tmp_path, monkeypatch):
