@@ -116,13 +116,15 @@ step "bench --arithmetic exact" bench_exact.log \
     --out "$out/kpool_bench_exact.json" "${bench_args[@]}"
 
 # The schedule tuner on the bundle, in the time left (docs/tuning.md): its
-# results are $out/tune_results.json, for `kpool_tune.py apply` back home.
+# results are $out/tune_results.json, for `kpool_tune.py apply --keep` back home.
 if [ -f build-tune/candidates.json ]; then
     tune_budget=$((deadline - SECONDS - 30))
     tune_args=()
     [ "$tune_budget" -lt 300 ] && tune_args=(--quick)
+    # Each candidate in a worker process: one that faults or hangs (killed
+    # after --candidate-timeout) is recorded and the run goes on.
     step "schedule tuner (${tune_budget} s)" tune.log python3 tools/tune/kpool_tune.py run build-tune \
-        --budget "$tune_budget" "${tune_args[@]}" --out "$out/tune_results.json"
+        --budget "$tune_budget" --candidate-timeout 120 "${tune_args[@]}" --out "$out/tune_results.json"
     summary+=("  $(grep -c . "$out/tune.log") lines; $(tail -1 "$out/tune.log")")
 fi
 

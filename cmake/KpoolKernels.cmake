@@ -1,9 +1,11 @@
 # kpool_knobs(<family> <out-var>)
 #
-# The family's schedule parameters from ${KPOOL_KNOBS_DIR}/<family>.knobs
-# (lines "name = value : legal values"), as the "name:value,..." string the
-# generators take (knobs=...), read once per family. A value outside its
-# legal values fails the configure; editing the file re-runs it.
+# The family's schedule parameters from ${KPOOL_KNOBS_DIR}/<family>.knobs, as
+# the "name:value,..." string the generators take (knobs=...), read once per
+# family by schedules/knobs.py (the one reader, shared with tools/tune): a
+# malformed line, a value outside its legal values or a `require` that does
+# not hold fails the configure with the file, the line and the values.
+# Editing the file re-runs the configure.
 function(kpool_knobs family out)
     get_property(knobs GLOBAL PROPERTY KPOOL_KNOBS_${family})
     if (DEFINED knobs AND NOT knobs STREQUAL "")
@@ -14,22 +16,16 @@ function(kpool_knobs family out)
     if (NOT EXISTS "${file}")
         message(FATAL_ERROR "no schedule parameters for ${family}: ${file} is missing")
     endif ()
+    if (NOT Python3_EXECUTABLE)
+        find_package(Python3 REQUIRED COMPONENTS Interpreter)
+    endif ()
     set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${file}")
-    file(STRINGS "${file}" lines REGEX "^[a-z0-9_.]+ *=")
-    set(knobs "")
-    foreach (line IN LISTS lines)
-        if (NOT line MATCHES "^([a-z0-9_.]+) *= *(-?[0-9]+) *: *([-0-9 ]+)$")
-            message(FATAL_ERROR "${file}: not \"name = value : legal values\": ${line}")
-        endif ()
-        set(name "${CMAKE_MATCH_1}")
-        set(value "${CMAKE_MATCH_2}")
-        string(REGEX REPLACE " +" ";" legal "${CMAKE_MATCH_3}")
-        if (NOT value IN_LIST legal)
-            message(FATAL_ERROR "${file}: ${name} = ${value} is not among its legal values (${CMAKE_MATCH_3})")
-        endif ()
-        list(APPEND knobs "${name}:${value}")
-    endforeach ()
-    list(JOIN knobs "," knobs)
+    execute_process(COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/schedules/knobs.py" wire "${file}"
+                    OUTPUT_VARIABLE knobs ERROR_VARIABLE error RESULT_VARIABLE failed
+                    OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE)
+    if (failed)
+        message(FATAL_ERROR "${error}")
+    endif ()
     set_property(GLOBAL PROPERTY KPOOL_KNOBS_${family} "${knobs}")
     set(${out} "${knobs}" PARENT_SCOPE)
 endfunction()

@@ -27,7 +27,7 @@ template <typename T>
 class CompressBase : public KpoolGenerator<T> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
-    GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};  // or "triton" (kpool_numerics.h)
+    GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
 
     // slot_score's type (uint16 = bf16 bits, or float32) is chosen per variant.
     GeneratorInput<Buffer<uint16_t, 3>> slot_k{"slot_k"};  // (d, j, pool) bf16 bits
@@ -55,7 +55,7 @@ protected:
         slot_score.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         const BuildPlan plan = this->build_plan();
-        const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
+        const Arithmetic arith = arithmetic_for(arithmetic, plan.target);
         const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Compress, arith});
         s.layout = decided.layout;
         return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,

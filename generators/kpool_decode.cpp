@@ -90,7 +90,7 @@ struct DecodeWriteArguments {
 // Every completing token's pool, compressed and written into `cache` (the K
 // cache in place, as (codes, scales) views) over s.write: (d, token, request).
 void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, GeneratorOutput<Func> &cache, int P,
-                        const BuildPlan &plan, const std::string &arithmetic) {
+                        const BuildPlan &plan, Arithmetic arithmetic) {
     Expr ring = in.tail.dim(1).extent();
     Ring ring_math(ring);
     s.ring_is_pow2 = ring_math.is_pow2;
@@ -130,7 +130,7 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     Func member_key{"member_key"}, member_score{"member_score"};
     member_key(s.d, s.j, t, b) = member(key_in, 0);
     member_score(s.d, s.j, t, b) = member(score_in, 1);
-    const Arithmetic arith = parse_arithmetic(arithmetic, plan.target);
+    const Arithmetic arith = arithmetic_for(arithmetic, plan.target);
     const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Decode, arith});
     s.layout = decided.layout;
     s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
@@ -199,7 +199,7 @@ void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr 
 class DecodeWriteCache : public KpoolGenerator<DecodeWriteCache> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
-    GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};  // or "triton" (kpool_numerics.h)
+    GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
 
     DecodeWriteArguments in;
     // The K cache in place, as (codes, scales) views (kpool_algorithms.h).
@@ -230,7 +230,7 @@ private:
 class DecodeUpdate : public KpoolGenerator<DecodeUpdate> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
-    GeneratorParam<std::string> arithmetic{"arithmetic", "exact"};
+    GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
 
     DecodeWriteArguments in;
     Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};

@@ -76,7 +76,7 @@ public:
         pool_ids.set_estimates({{0, kTopk / kPoolSize}, {0, kExpandRows}});
         groups.set_estimate(kTopk / kPoolSize);
         seq_lens.set_estimates({{0, kExpandRows}});
-        pool_size.set_estimate(kPoolSize);
+        pool_size.set_estimate(kMaxPoolSize);
         bound_pool_ids.set_estimate(true);
         out.set_estimates({{0, kTopk + kPoolSize - 1}, {0, kExpandRows}});
         if (using_autoscheduler()) {
@@ -122,7 +122,7 @@ public:
         page_table.set_estimates({{0, kSeqLen}, {0, kExpandRows}});
         topk_offsets.set_estimates({{0, kExpandRows}});
         token_map.set_estimate(0);
-        pool_size.set_estimate(kPoolSize);
+        pool_size.set_estimate(kMaxPoolSize);
         out.set_estimates({{0, kTopk}, {0, kExpandRows}});
         if (using_autoscheduler()) {
             return;
@@ -173,7 +173,7 @@ public:
         page_table.set_estimates({{0, kSeqLen}, {0, kExpandRows}});
         topk_offsets.set_estimates({{0, kExpandRows}});
         token_map.set_estimate(0);
-        pool_size.set_estimate(kPoolSize);
+        pool_size.set_estimate(kMaxPoolSize);
         out.set_estimates({{0, kTopk + kPoolSize - 1}, {0, kExpandRows}});
         if (using_autoscheduler()) {
             return;

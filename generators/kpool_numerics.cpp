@@ -190,17 +190,11 @@ Expr exp_f32_correctly_rounded(Expr x, const RoundingBarrier &round, bool branch
     return select(certain, fast, exact);
 }
 
-Arithmetic parse_arithmetic(const std::string &name, const Target &target) {
-    if (name == "exact") {
-        return Arithmetic::Exact;
-    }
-    if (name != "triton") {
-        throw CompileError("arithmetic must be exact or triton, not " + name);
-    }
-    if (!target.has_feature(Target::CUDA)) {
+Arithmetic arithmetic_for(Arithmetic arithmetic, const Target &target) {
+    if (arithmetic == Arithmetic::Triton && !target.has_feature(Target::CUDA)) {
         throw CompileError("arithmetic=triton uses PTX instructions: CUDA targets only");
     }
-    return Arithmetic::Triton;
+    return arithmetic;
 }
 
 namespace {

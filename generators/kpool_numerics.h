@@ -4,6 +4,7 @@
 // e4m3 subnormals and bf16 ties must come out the same on every target.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "Halide.h"
@@ -91,7 +92,14 @@ Halide::Expr exp_f32_correctly_rounded(Halide::Expr x, const RoundingBarrier &ro
 // absmax is never within an ulp above a power of two unless it is one, so
 // the reference's ceil(log2(m)) is the exact one.
 enum class Arithmetic { Exact, Triton };
-Arithmetic parse_arithmetic(const std::string &name, const Halide::Target &target);
+// The names the build passes (arithmetic=exact|triton): a
+// GeneratorParam<Arithmetic> of the generators that have both, which
+// Halide checks against these.
+inline const std::map<std::string, Arithmetic> kArithmeticNames = {{"exact", Arithmetic::Exact},
+                                                                   {"triton", Arithmetic::Triton}};
+// `arithmetic` for `target`: Triton uses PTX instructions, CUDA only (a
+// CompileError elsewhere).
+Arithmetic arithmetic_for(Arithmetic arithmetic, const Halide::Target &target);
 
 // The steps that differ, for one kernel build.
 struct PoolArithmetic {

@@ -61,7 +61,7 @@ public:
         key.set_estimates({{0, kHeadDim}, {0, kTokens}});
         gate_score.set_estimates({{0, kHeadDim}, {0, kTokens}});
         tslot.set_estimates({{0, kTokens}});
-        pool_size.set_estimate(kPoolSize);
+        pool_size.set_estimate(kMaxPoolSize);
         tail.set_estimates(tail_ring(kPoolSize));
         if (using_autoscheduler()) {
             return;

@@ -8,6 +8,8 @@
 // schedules/kpool_schedules.cpp picks the family from the target.
 #pragma once
 
+#include <map>
+#include <optional>
 #include <string>
 
 #include "Halide.h"
@@ -18,16 +20,24 @@ namespace kpool {
 using Halide::RDom;
 using Halide::Target;
 
+// A family's schedule parameters by name, as the build passes them
+// (knobs=name:value,...: the values of schedules/<family>.knobs, read and
+// checked against their legal values and `require` lines by
+// schedules/knobs.py at configure time). Split once per generator; each
+// family's plan reads them into typed fields (KnobReader, schedules/knobs.h).
+using KnobValues = std::map<std::string, int>;
+KnobValues split_knobs(const std::string &family, const std::string &wire);  // schedules/knobs.cpp
+
 // What the generator knows of its build: the target, for GPU targets which
 // GPU family the schedule is tuned for (Halide 21 cannot name sm_90, so the
 // capability alone does not say) and the hardware features of its row in
-// the family table (CMakeLists.txt), and the family's schedule parameters,
-// as the build read them from schedules/<family>.knobs ("name:value,...").
+// the family table (CMakeLists.txt), and the family's schedule parameters.
 struct BuildPlan {
     Target target;
     std::string gpu;           // "" (the CPU), or a family's name
     std::string gpu_features;  // "+"-separated, e.g. "e4m3"
-    std::string knobs;         // e.g. "fwht.values:32,fwht.run:4"
+    KnobValues knobs;
+    std::string family() const { return gpu.empty() ? "cpu" : gpu; }
 
     // Whether the family's row lists `feature`.
     bool has_gpu_feature(const std::string &feature) const {
@@ -45,7 +55,17 @@ public:
     Halide::GeneratorParam<std::string> knobs{"knobs", ""};                // BuildPlan::knobs
 
 protected:
-    BuildPlan build_plan() { return {this->get_target(), gpu, gpu_features, knobs}; }
+    // Made once: generate() and schedule() read the same plan.
+    const BuildPlan &build_plan() {
+        if (!plan_) {
+            const std::string family = gpu.value().empty() ? "cpu" : gpu.value();
+            plan_ = BuildPlan{this->get_target(), gpu, gpu_features, split_knobs(family, knobs)};
+        }
+        return *plan_;
+    }
+
+private:
+    std::optional<BuildPlan> plan_;
 };
 
 // The kernel a generator asks its decisions for.
@@ -162,6 +182,12 @@ constexpr int kPools = 4096, kPoolSize = 4, kTokens = 16384;
 constexpr int kRequests = 512, kNextN = 2;
 constexpr int kCacheBlocks = 1024, kBlockSize = 64, kTailBlocks = 1024;
 constexpr int kExpandRows = 1024, kTopk = 2048, kSeqLen = 131072;
+// A scalar Input that sizes a footprint (pool_size: a token and the one P
+// ahead) is estimated at its largest legal value (runtime/validate.cpp):
+// Anderson2021 sizes such footprints from the estimate (bound_extent), and
+// Halide checks that bound inside a CUDA kernel with a trap, so an estimate
+// below the value called faults the context (NOTES-halide.md).
+constexpr int kMaxPoolSize = 64;
 // The shapes more than one generator shares.
 inline Halide::Region tail_ring(int ring) { return {{0, kHeadDim}, {0, ring}, {0, 2}, {0, kTailBlocks}}; }
 inline Halide::Region kv_cache() { return {{0, kHeadDim}, {0, kBlockSize}, {0, kCacheBlocks}}; }

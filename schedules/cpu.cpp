@@ -16,6 +16,15 @@ using namespace Halide;
 
 namespace {
 
+// The CPU family's parameters (schedules/cpu.knobs): rows, pools and tokens
+// per task of Halide's thread pool.
+struct CpuPlan : KnobReader {
+    explicit CpuPlan(const BuildPlan &build) : KnobReader(build) {}
+    int fwht_rows_per_task = knob("fwht.rows_per_task");
+    int compress_pools_per_task = knob("compress.pools_per_task");
+    int seed_tokens_per_task = knob("seed.tokens_per_task");
+};
+
 // Every stage of one row's compute, placed at `at` and vectorized over its
 // lanes (the CPU layout has one value per lane: lanes are elements; a GPU
 // family's layout, tested here, is left scalar: lanes = 1).
@@ -55,7 +64,7 @@ void compute_pool_at(CompressPool &c, const Var &d, const Var &j, const Var &lan
 
 void schedule_fwht(FwhtStages &s, const BuildPlan &plan) {
     Var ro{"row_chunk"}, ri{"row_in_chunk"};
-    s.out.split(s.row, ro, ri, Knobs(plan)["fwht.rows_per_task"], TailStrategy::GuardWithIf).parallel(ro);
+    s.out.split(s.row, ro, ri, CpuPlan(plan).fwht_rows_per_task, TailStrategy::GuardWithIf).parallel(ro);
     if (s.layout.values_per_lane > 1 || s.codes_per_word > 1) {
         // A GPU family's layout (or words) on the CPU, only to test its
         // algorithm: every stage at its row, scalar.
@@ -75,7 +84,7 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan)
     // Duplicate locs are the caller's race, as in the reference (docs/).
     s.cache.update(0)
         .allow_race_conditions()
-        .split(s.write.y, po, pi, Knobs(plan)["compress.pools_per_task"], TailStrategy::GuardWithIf)
+        .split(s.write.y, po, pi, CpuPlan(plan).compress_pools_per_task, TailStrategy::GuardWithIf)
         .parallel(po)
         .vectorize(s.write.x, lanes)
         .specialize(s.compress.rotate.quant.round_scale);
@@ -85,7 +94,7 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan)
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan) {
     const int lanes = plan.target.natural_vector_size<float>();
     Var po{"pool_chunk"}, pi{"pool_in_chunk"};
-    s.out.split(s.pool, po, pi, Knobs(plan)["compress.pools_per_task"], TailStrategy::GuardWithIf)
+    s.out.split(s.pool, po, pi, CpuPlan(plan).compress_pools_per_task, TailStrategy::GuardWithIf)
         .parallel(po)
         .vectorize(s.d, lanes);
     s.out.specialize(s.compress.rotate.quant.round_scale);
@@ -97,7 +106,7 @@ void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan) {
     // Token groups are single tokens here (seed_group_size: 1).
     s.tail.update(0)
         .allow_race_conditions()
-        .split(s.copy[3], to, ti, Knobs(plan)["seed.tokens_per_task"], TailStrategy::GuardWithIf)
+        .split(s.copy[3], to, ti, CpuPlan(plan).seed_tokens_per_task, TailStrategy::GuardWithIf)
         .parallel(to)
         .vectorize(s.copy.x, plan.target.natural_vector_size<uint16_t>());
 }

@@ -29,53 +29,41 @@ void pure_stage_on_gpu(Func out) {
 
 // A family's schedule parameters, read from its schedules/<family>.knobs
 // (the values; their legal values and the measurements behind them are
-// there too): what each one decides.
-struct CudaPlan {
-    explicit CudaPlan(const BuildPlan &build) : CudaPlan(Knobs(build)) {}
-    explicit CudaPlan(const Knobs &k)
-        : fwht_values(k["fwht.values"]),
-          fwht_run(k["fwht.run"]),
-          fwht_row_threads(k["fwht.row_threads"]),
-          compress_row_threads(k["compress.row_threads"]),
-          compress_values(k["compress.exact_values"]),
-          compress_triton_values(k["compress.triton_values"]),
-          decode_values(k["decode.values"]),
-          decode_exact_pool_per_element(k["decode.exact_pool_per_element"] != 0),
-          decode_unrolled_exact_slots(k["decode.unrolled_exact_slots"]),
-          decode_tokens_per_block(k["decode.tokens_per_block"]),
-          seed_warps_per_block(k["seed.warps_per_block"]),
-          expand_cols(k["expand.cols"]),
-          expand_and_append_cols(k["expand.append_cols"]) {}
+// there too): what each one decides. A knob is a line there and a field
+// here that reads it by name (KnobReader, knobs.h).
+struct CudaPlan : KnobReader {
+    explicit CudaPlan(const BuildPlan &build) : KnobReader(build) {}
 
     // Values per lane of a row (4 to 32). More values per lane, fewer
     // instructions per element (in-lane butterflies instead of shuffles, one
     // index computation for more elements), more registers per lane.
-    int fwht_values;
+    int fwht_values = knob("fwht.values");
     // fwht's lanes hold runs of this many consecutive elements (RowLayout):
     // 4, one 8-byte word of bf16 in and one 4-byte word of codes out per
     // run in the words kernel; 1, a warp's loads of each v contiguous. (The
     // softmax kernels keep a lane's elements consecutive: their pool's per-d
     // stages are bounded per lane.)
-    int fwht_run;
-    int fwht_row_threads;        // threads per block of the fwht kernels
-    int compress_row_threads;    // threads per block of the compress kernels
-    int compress_values;         // exact arithmetic (slot loops kept)
-    int compress_triton_values;  // slot loops unrolled: P x V weights live
-    int decode_values;           // latency-bound: more lanes per token
+    int fwht_run = knob("fwht.run");
+    int fwht_row_threads = knob("fwht.row_threads");                // threads per block of the fwht kernels
+    int compress_row_threads = knob("compress.row_threads");        // threads per block of the compress kernels
+    int compress_values = knob("compress.exact_values");            // exact arithmetic (slot loops kept)
+    int compress_triton_values = knob("compress.triton_values");    // slot loops unrolled: P x V weights live
+    int decode_values = knob("decode.values");                      // latency-bound: more lanes per token
     // Decode in the exact arithmetic pools each element of a completion on a
     // thread of its own rather than V per lane: the f64 exps make the pool
     // the longest chain. (The triton arithmetic's pool is short: there the
     // barrier and the idle threads cost more than they save.)
-    bool decode_exact_pool_per_element;
+    bool decode_exact_pool_per_element = flag("decode.exact_pool_per_element");
     // Decode unrolls its slot folds (a call is latency-bound) up to this many
     // slots in the exact arithmetic, always in the triton one. 16 fits an
     // element per thread; with V elements per lane (exact pool not per
     // element) P = 16 unrolled spills: 8 there.
-    int decode_unrolled_exact_slots;
-    int decode_tokens_per_block;  // decode: tokens of a request run side by side (triton), stashed per block
-    int seed_warps_per_block;     // seed: warps per block (32 tokens each)
-    int expand_cols;              // expand: output columns per thread block
-    int expand_and_append_cols;   // the same for expand_pools_and_append_tail
+    int decode_unrolled_exact_slots = knob("decode.unrolled_exact_slots");
+    // decode: tokens of a request run side by side (triton), stashed per block
+    int decode_tokens_per_block = knob("decode.tokens_per_block");
+    int seed_warps_per_block = knob("seed.warps_per_block");        // seed: warps per block (32 tokens each)
+    int expand_cols = knob("expand.cols");                          // expand: output columns per thread block
+    int expand_and_append_cols = knob("expand.append_cols");        // the same for expand_pools_and_append_tail
 };
 
 CudaPlan plan_for(const BuildPlan &build) { return CudaPlan(build); }

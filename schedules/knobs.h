@@ -1,30 +1,35 @@
-// A family's schedule parameters ("knobs"), as data: each family's values
-// live in schedules/<family>.knobs with their legal values (the search
-// space tools/tune explores); CMake passes the values to every generator
-// as "name:value,..." (BuildPlan::knobs), and a schedule reads each by name.
+// A family's schedule parameters ("knobs") as typed fields: each family's
+// plan (CpuPlan in cpu.cpp, CudaPlan in cuda.cpp) derives from KnobReader
+// and reads each knob in its field's initializer,
+//
+//     int fwht_values = knob("fwht.values");
+//
+// so a knob is one line in schedules/<family>.knobs (its value and legal
+// values, which schedules/knobs.py checks at configure time with the file's
+// `require` lines) and one typed field of the plan.
 #pragma once
 
-#include <map>
 #include <string>
 
 #include "kpool_stages.h"
 
 namespace kpool {
 
-class Knobs {
-public:
-    // Parses "name:value,..." (the family named for errors). A knob named
-    // twice, or a value that is not an integer, is a CompileError.
-    Knobs(const std::string &family, const std::string &text);
-    explicit Knobs(const BuildPlan &plan) : Knobs(plan.gpu.empty() ? "cpu" : plan.gpu, plan.knobs) {}
+class KnobReader {
+protected:
+    // Reads the build's values while the plan's fields are initialized (the
+    // plan is made from, and used within, one hook call of its BuildPlan).
+    explicit KnobReader(const BuildPlan &build) : values_(&build.knobs), family_(build.family()) {}
 
-    // The knob's value; a CompileError naming the knob and the family when
-    // the build passed none (a data file that lacks it).
-    int operator[](const std::string &name) const;
+    // The knob's value; a CompileError naming the knob and the family's file
+    // when the build passed none.
+    int knob(const char *name) const;
+    // A knob whose legal values are 0 and 1.
+    bool flag(const char *name) const;
 
 private:
+    const KnobValues *values_;
     std::string family_;
-    std::map<std::string, int> values_;
 };
 
 }  // namespace kpool

@@ -53,45 +53,11 @@ OPS = ("fwht", "compress", "decode", "seed", "expand")
 # Halide's autoscheduler per device: Anderson2021 is the GPU one the wheel
 # ships; Mullapudi2016 schedules the CPU from the generators' estimates.
 AUTOSCHEDULERS = {"cpu": "Mullapudi2016", "cuda": "Anderson2021"}
-KNOB_LINE = re.compile(r"^([a-z0-9_.]+)\s*=\s*(-?\d+)\s*:\s*([-\d ]+?)\s*$")
 
 
-# --- the knobs file -------------------------------------------------------------------------------
-def read_knobs(path):
-    """(values {name: int}, legal {name: [int]}, requires [expression])."""
-    values, legal, requires = {}, {}, []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            m = KNOB_LINE.match(line)
-            if m:
-                values[m[1]] = int(m[2])
-                legal[m[1]] = [int(v) for v in m[3].split()]
-            elif line.startswith("require "):
-                requires.append(line[len("require "):])
-    return values, legal, requires
-
-
-def write_knobs(path, new_values):
-    """Rewrites the values of the knobs named in new_values, leaving every
-    other line (comments, legal values, requires) as it is."""
-    out = []
-    with open(path) as f:
-        for line in f:
-            m = KNOB_LINE.match(line.strip())
-            if m and m[1] in new_values:
-                head = line[:line.index("=") + 1]
-                value_and_pad = line[len(head):line.index(":")]
-                width = len(value_and_pad) - 1
-                line = f"{head} {str(new_values[m[1]]).ljust(width)}{line[line.index(':'):]}"
-            out.append(line)
-    with open(path, "w") as f:
-        f.writelines(out)
-
-
-def satisfies(knobs, requires):
-    env = {name.replace(".", "__"): v for name, v in knobs.items()}
-    return all(eval(re.sub(r"([a-z_]+)\.([a-z_]+)", r"\1__\2", r), {"__builtins__": {}}, env) for r in requires)
+# --- the knobs file: schedules/knobs.py, the one reader (the build runs it too) -------------------
+sys.path.insert(0, os.path.join(REPO, "schedules"))
+import knobs as knobs_file  # noqa: E402
 
 
 def unit_of(knob):
@@ -101,12 +67,12 @@ def unit_of(knob):
     return f"{op}.exact" if "exact" in knob else op
 
 
-def units(values, legal):
-    """{unit: [knob names]} of the knobs with more than one legal value."""
+def units(knobs):
+    """{unit: [knob names]} of the knobs (a knobs_file.Knobs) with more than one legal value."""
     out = {}
-    for name in values:
+    for name in knobs.values:
         u = unit_of(name)
-        if u and len(legal[name]) > 1:
+        if u and len(knobs.legal[name]) > 1:
             out.setdefault(u, []).append(name)
     return out
 
@@ -120,14 +86,15 @@ def arithmetic_of(family, unit):
 
 
 # --- plan -----------------------------------------------------------------------------------------
-def enumerate_unit(values, legal, requires, knobs, limit, rng):
-    """The unit's settings other than the hand one (all, or `limit` sampled)."""
+def enumerate_unit(knobs, names, limit, rng):
+    """The unit's settings of the knobs `names` other than the hand one (all
+    that satisfy the file's requires, or `limit` of them sampled)."""
     settings = []
-    for combo in itertools.product(*(legal[k] for k in knobs)):
-        s = dict(zip(knobs, combo))
-        if s == {k: values[k] for k in knobs}:
+    for combo in itertools.product(*(knobs.legal[k] for k in names)):
+        s = dict(zip(names, combo))
+        if s == {k: knobs.values[k] for k in names}:
             continue
-        if satisfies({**values, **s}, requires):
+        if knobs.satisfies({**knobs.values, **s}):
             settings.append(s)
     if limit is not None and len(settings) > limit:
         settings = rng.sample(settings, limit)
@@ -135,7 +102,7 @@ def enumerate_unit(values, legal, requires, knobs, limit, rng):
 
 
 def knob_string(knobs):
-    return ",".join(f"{k}:{v}" for k, v in knobs.items())
+    return knobs_file.wire(knobs)
 
 
 def cmake_line(family, c):
@@ -190,14 +157,15 @@ def halide_errors(out):
 
 def plan(a):
     knobs_path = os.path.join(a.knobs_dir, f"{a.family}.knobs")
-    values, legal, requires = read_knobs(knobs_path)
+    knobs = knobs_file.Knobs(knobs_path)
+    values = knobs.values
     rng = random.Random(a.seed)
     candidates = []
-    for unit, names in units(values, legal).items():
+    for unit, names in units(knobs).items():
         if a.units and unit not in a.units:
             continue
         arith = arithmetic_of(a.family, unit)
-        for s in enumerate_unit(values, legal, requires, names, a.max, rng):
+        for s in enumerate_unit(knobs, names, a.max, rng):
             candidates.append(dict(id=len(candidates), unit=unit, arithmetic=arith, changed=s, knobs={**values, **s}))
         if not a.no_autoscheduler:
             candidates.append(dict(id=len(candidates), unit=unit, arithmetic=arith, changed={}, knobs=values,
@@ -359,6 +327,13 @@ class Device:
             import torch
             self.torch = torch
 
+    def name(self):
+        """The machine the times are of, for the results and the docs' table."""
+        if self.kind == "cuda":
+            return self.torch.cuda.get_device_name()
+        import platform
+        return f"CPU ({platform.machine()}, {os.cpu_count()} threads)"
+
     def put(self, x):
         import numpy as np
         if self.kind == "cpu":
@@ -408,13 +383,26 @@ class Device:
             for _ in range(3):
                 call(kpool, xs)
         t.cuda.current_stream().wait_stream(stream)
-        calls = 20
-        graph = t.cuda.CUDAGraph()
-        with t.cuda.graph(graph):
-            for _ in range(calls):
-                call(kpool, xs)
-        graph.replay()
+        # 20 calls a replay, fewer for a slow candidate (one of 500 ms
+        # would otherwise take minutes).
         start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        start.record()
+        call(kpool, xs)
+        end.record()
+        end.synchronize()
+        calls = max(1, min(20, int(20e3 / max(start.elapsed_time(end) * 1e3, 1.0))))
+        graph = t.cuda.CUDAGraph()
+        try:
+            with t.cuda.graph(graph):
+                for _ in range(calls):
+                    call(kpool, xs)
+        except Exception as e:
+            # What breaks capture in a Halide kernel: device memory allocated
+            # per call (a compute_root intermediate: halide_device_malloc,
+            # cuMemAlloc, is illegal while a stream is captured).
+            raise RuntimeError(f"breaks CUDA-graph capture (allocates device memory per call?): "
+                               f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
+        graph.replay()
         times = []
         for _ in range(5):
             start.record()
@@ -449,89 +437,314 @@ def time_reference(device, reference, unit_cases):
         return dict(times={}, error=f"{type(e).__name__}: {e}")
 
 
-def run(a):
+# --- run: every candidate in a worker process ----------------------------------------------------
+# A candidate may fault (an out-of-bounds write kills the CUDA context), hang,
+# or break CUDA-graph capture; none of that may end the run. Each unit runs in
+# a worker process (forked: the parent never loads the library or CUDA) that
+# reports over a pipe; a worker that dies, stops reporting within the
+# candidate time limit, or meets a CUDA error (its context may be lost) is
+# replaced by a fresh one for the unit's remaining candidates, and the
+# candidate it was on is recorded as failed with its knobs and the reason.
+
+
+class CandidateError(Exception):
+    """A candidate ran but is wrong (its bytes differ): the process is fine."""
+
+
+class Session:
+    """One worker's view of the bundle: the library with candidate `select`,
+    the unit's cases on the family's device, and the hand variants' bytes."""
+
+    def __init__(self, bundle, family, unit, small, quick, seed):
+        os.environ["KPOOL_LIBRARY"] = os.path.abspath(os.path.join(bundle, "libkpool.so"))
+        if family != "cpu":
+            os.environ["KPOOL_CUDA_FAMILY"] = family
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        import ctypes
+
+        import numpy as np
+        import kpool
+        self.kpool = kpool
+        self.select = ctypes.CDLL(os.environ["KPOOL_LIBRARY"]).kpool_tune_select
+        self.select.argtypes, self.select.restype = [ctypes.c_int], ctypes.c_int
+        self.family, self.unit = family, unit
+        self.device = Device(device_of(family))
+        kpool.set_arithmetic(arithmetic_of(family, unit))
+        rng = np.random.default_rng(seed)
+        # The pre-flight's small cases are the CPU family's sizes, on the family's device.
+        sized = cases(unit, "cpu", quick=True) if small else cases(unit, self.device.kind, quick)
+        self.cases = [(name, make(rng), call, state) for name, make, call, state in sized]
+        self.select(-1)
+        self.expected = {name: self.device.result(kpool, call, x, state) for name, x, call, state in self.cases}
+        # The CPU kernels' bytes of the first case where the CPU computes this
+        # arithmetic (CUDA candidates in the exact arithmetic).
+        self.cpu_expected = None
+        if self.device.kind == "cuda" and arithmetic_of(family, unit) == "exact":
+            name, x, call, state = self.cases[0]
+            self.cpu_expected = (name, Device("cpu").result(kpool, call, x, state))
+
+    def device_name(self):
+        return self.device.name()
+
+    def hand_times(self):
+        return {name: self.device.time_us(self.kpool, call, x) for name, x, call, _ in self.cases}
+
+    def reference_times(self):
+        reference = reference_module(self.device.kind)
+        return None if reference is None else time_reference(self.device, reference, self.cases)
+
+    def candidate(self, c, timed):
+        """Candidate c's times per case (empty when not timed); a
+        CandidateError where its bytes differ."""
+        try:
+            if self.select(c["id"]) == 0:
+                raise CandidateError("the library holds no kernel of this candidate")
+            times = {}
+            for name, x, call, state in self.cases:
+                got = self.device.result(self.kpool, call, x, state)
+                if got != self.expected[name]:
+                    raise CandidateError(f"{name}: bytes differ from the hand variant's")
+                if self.cpu_expected and self.cpu_expected[0] == name and got != self.cpu_expected[1]:
+                    raise CandidateError(f"{name}: bytes differ from the CPU kernels'")
+                if timed:
+                    times[name] = self.device.time_us(self.kpool, call, x)
+            return times
+        finally:
+            self.select(-1)
+
+    def healthy(self):
+        """Whether the process can go on after a failure: on CUDA, an error
+        other than wrong bytes may have lost the context."""
+        return self.device.kind == "cpu"
+
+
+def unit_worker(conn, job):
+    """A worker process: the unit's hand variants (timed if asked), then each
+    candidate of job["candidates"], every step reported on conn."""
+    try:
+        session = open_session(job["bundle"], job["family"], job["unit"], job["small"], job["quick"], job["seed"])
+        if job["time_hand"]:
+            conn.send(("hand", dict(times=session.hand_times(), device=session.device_name())))
+        if job["time_reference"]:
+            conn.send(("reference", session.reference_times()))
+    except Exception as e:  # noqa: BLE001 - the parent records why the unit has no baseline
+        conn.send(("unit_error", f"{type(e).__name__}: {e}"))
+        return
+    for c in job["candidates"]:
+        if time.time() > job["deadline"]:
+            conn.send(("cut_off", c["id"]))
+            return
+        conn.send(("start", c["id"]))
+        try:
+            conn.send(("result", dict(id=c["id"], times=session.candidate(c, job["timed"]), valid=True)))
+        except CandidateError as e:
+            conn.send(("result", dict(id=c["id"], times={}, valid=False, error=f"CandidateError: {e}")))
+        except Exception as e:  # noqa: BLE001 - every failure is reported with its reason
+            conn.send(("result", dict(id=c["id"], times={}, valid=False, error=f"{type(e).__name__}: {e}")))
+            if not session.healthy():
+                conn.send(("restart", None))  # a fresh process for the rest
+                return
+    conn.send(("done", None))
+
+
+def open_session(bundle, family, unit, small, quick, seed):
+    return Session(bundle, family, unit, small, quick, seed)
+
+
+def describe_exit(code):
+    if code is not None and code < 0:
+        return f"the process died of {signal.Signals(-code).name}"
+    return f"the process ended (exit code {code}) without a result"
+
+
+def run_unit(job, candidates, limit, report):
+    """Runs the unit's candidates in worker processes, as many as it takes:
+    report(kind, payload) gets the baseline and every candidate's result
+    (a failed one with its knobs and error). Returns the ids not reached
+    (the budget ran out first)."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    pending = list(candidates)
+    job = dict(job)
+    while pending:
+        job["candidates"] = pending
+        receive, send = ctx.Pipe(duplex=False)
+        worker = ctx.Process(target=unit_worker, args=(send, job), daemon=True)
+        worker.start()
+        send.close()
+        current, finished = None, False
+        while not finished:
+            # The baseline (hand variants and reference) and each candidate get the time limit.
+            if not receive.poll(limit):
+                why = f"no result after {limit:.0f} s (--candidate-timeout): killed"
+                worker.kill()
+                if current is None:
+                    report("unit_error", why + " before its candidates")
+                    pending = []
+                else:
+                    report("result", failure(current, why))
+                    pending = [c for c in pending if c["id"] != current["id"]]
+                break
+            try:
+                kind, payload = receive.recv()
+            except EOFError:  # the worker is gone
+                worker.join()
+                if current is None:
+                    report("unit_error", describe_exit(worker.exitcode) + " before its candidates")
+                    pending = []
+                else:
+                    report("result", failure(current, describe_exit(worker.exitcode)))
+                    pending = [c for c in pending if c["id"] != current["id"]]
+                break
+            if kind == "start":
+                current = next(c for c in pending if c["id"] == payload)
+            elif kind == "result":
+                c = next(c for c in pending if c["id"] == payload["id"])
+                report("result", dict(payload, changed=c["changed"], knobs=c["knobs"],
+                                      autoscheduler=c.get("autoscheduler")))
+                pending = [p for p in pending if p["id"] != c["id"]]
+                current = None
+            elif kind in ("hand", "reference"):
+                report(kind, payload)
+                job["time_hand" if kind == "hand" else "time_reference"] = False
+            elif kind == "unit_error":
+                report(kind, payload)
+                pending = []
+            elif kind == "cut_off":
+                worker.join(5)
+                return [c["id"] for c in pending]
+            if kind in ("done", "unit_error", "restart"):
+                finished = True
+        worker.join(5)
+        receive.close()
+    return []
+
+
+def failure(c, why):
+    return dict(id=c["id"], changed=c["changed"], knobs=c["knobs"], autoscheduler=c.get("autoscheduler"),
+                times={}, valid=False, error=why)
+
+
+def what(c):
+    return c.get("autoscheduler") or knob_string(c["changed"])
+
+
+def check_all(a, bundle, order, by_unit, deadline):
+    """The pre-flight: every candidate once on small inputs (no timing),
+    isolated as in `run`, before anything is timed: a candidate that faults
+    is found in seconds, whatever the budget leaves for timing. Returns
+    ({id: failed result} of those that fault or differ, [ids not reached])."""
+    failed, not_reached = {}, []
+    for unit in order:
+        def report(kind, payload, unit=unit):
+            if kind == "result" and not payload["valid"]:
+                failed[payload["id"]] = payload
+                print(f"pre-flight {unit:13} {what(payload):50} {payload['error']}", flush=True)
+            elif kind == "unit_error":
+                for c in by_unit[unit]:
+                    failed[c["id"]] = failure(c, f"pre-flight: the hand variants failed: {payload}")
+                print(f"pre-flight {unit}: the hand variants failed: {payload}", flush=True)
+        job = dict(bundle=a.bundle, family=bundle["family"], unit=unit, small=True, quick=True, seed=a.seed,
+                   time_hand=False,
+                   time_reference=False, timed=False, deadline=deadline)
+        not_reached += run_unit(job, by_unit[unit], a.candidate_timeout, report)
+    return failed, not_reached
+
+
+def end_on_sigterm():
+    """A SIGTERM (`timeout`, the GPU call's deadline) ends the run as an
+    exit does: the worker processes are killed with it, the results kept."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
+def load_bundle(a):
     with open(os.path.join(a.bundle, "candidates.json")) as f:
         bundle = json.load(f)
-    family = bundle["family"]
-    os.environ["KPOOL_LIBRARY"] = os.path.abspath(os.path.join(a.bundle, "libkpool.so"))
-    if family != "cpu":
-        os.environ["KPOOL_CUDA_FAMILY"] = family
-    sys.path.insert(0, os.path.join(REPO, "python"))
-    import ctypes
-
-    import numpy as np
-    import kpool
-    select = ctypes.CDLL(os.environ["KPOOL_LIBRARY"]).kpool_tune_select
-    select.argtypes, select.restype = [ctypes.c_int], ctypes.c_int
-    device = Device(device_of(family))
-    reference, reference_times = reference_module(device.kind), {}
-    deadline = time.time() + a.budget
-    results = dict(family=family, knobs=bundle["knobs"], failed_to_build=bundle["failed"], units={})
     by_unit = {}
     for c in bundle["candidates"]:
         by_unit.setdefault(c["unit"], []).append(c)
-    order = [u for u in (a.units or by_unit) if u in by_unit]
+    return bundle, by_unit, [u for u in (a.units or by_unit) if u in by_unit]
+
+
+def check(a):
+    end_on_sigterm()
+    bundle, by_unit, order = load_bundle(a)
+    total = sum(len(by_unit[u]) for u in order)
+    failed, not_reached = check_all(a, bundle, order, by_unit, time.time() + a.budget)
+    print(f"kpool_tune check: {total - len(failed) - len(not_reached)} of {total} candidates match the hand "
+          f"variants on small inputs; {len(failed)} failed, {len(not_reached)} not reached")
+    return 1 if failed or not_reached else 0
+
+
+def run(a):
+    end_on_sigterm()
+    bundle, by_unit, order = load_bundle(a)
+    family = bundle["family"]
+    deadline = time.time() + a.budget
+    results = dict(family=family, knobs=bundle["knobs"], failed_to_build=bundle["failed"], units={})
 
     def save():
         with open(a.out, "w") as f:
             json.dump(results, f, indent=1)
 
     total, done = sum(len(by_unit[u]) for u in order), 0
+    preflight = {} if a.no_preflight else check_all(a, bundle, order, by_unit, deadline)[0]
+    reference_ops = set()
     for unit in order:
-        kpool.set_arithmetic(arithmetic_of(family, unit))
-        rng = np.random.default_rng(a.seed)
-        unit_cases = [(name, make(rng), call, state) for name, make, call, state in cases(unit, device.kind, a.quick)]
-        select(-1)
-        hand = dict(times={}, )
-        expected = {}
-        for name, x, call, state in unit_cases:
-            expected[name] = device.result(kpool, call, x, state)
-            hand["times"][name] = device.time_us(kpool, call, x)
-        # The CPU kernels' bytes of the first case where the CPU computes
-        # this arithmetic (CUDA candidates in the exact arithmetic).
-        cpu_expected = None
-        if device.kind == "cuda" and arithmetic_of(family, unit) == "exact":
-            name, x, call, state = unit_cases[0]
-            cpu_expected = (name, Device("cpu").result(kpool, call, x, state))
-        entry = results["units"][unit] = dict(arithmetic=arithmetic_of(family, unit), hand=hand, candidates=[])
-        if reference is not None:  # once per op: an op's units share its cases
-            op = unit.split(".")[0]
-            if op not in reference_times:
-                reference_times[op] = time_reference(device, reference, unit_cases)
-            entry["reference"] = reference_times[op]
-        save()
+        entry = results["units"][unit] = dict(arithmetic=arithmetic_of(family, unit), hand=dict(times={}),
+                                              candidates=[], not_reached=[])
         for c in by_unit[unit]:
-            if time.time() > deadline:
-                entry["cut_off"] = True
-                print(f"[{done}/{total}] budget of {a.budget:.0f} s spent: {unit} stops here", flush=True)
-                break
-            done += 1
-            r = dict(id=c["id"], changed=c["changed"], autoscheduler=c.get("autoscheduler"), times={})
-            try:
-                if select(c["id"]) == 0:
-                    raise RuntimeError("the library holds no kernel of this candidate")
-                for name, x, call, state in unit_cases:
-                    got = device.result(kpool, call, x, state)
-                    if got != expected[name]:
-                        raise RuntimeError(f"{name}: bytes differ from the hand variant's")
-                    if cpu_expected and cpu_expected[0] == name and got != cpu_expected[1]:
-                        raise RuntimeError(f"{name}: bytes differ from the CPU kernels'")
-                    r["times"][name] = device.time_us(kpool, call, x)
-                r["valid"] = True
-            except Exception as e:  # noqa: BLE001 - every failure is reported with its reason
-                r["valid"], r["error"] = False, f"{type(e).__name__}: {e}"
-                if device.kind == "cuda":
-                    device.torch.cuda.synchronize()
-            finally:
-                select(-1)
-            entry["candidates"].append(r)
-            save()
-            what = r.get("autoscheduler") or knob_string(c["changed"])
-            status = f"{geomean_ratio(r['times'], hand['times']):.3f}x hand" if r["valid"] else r["error"]
-            print(f"[{done}/{total}] {unit:13} {what:50} {status}", flush=True)
-    save()
-    print(f"kpool_tune run: {done} of {total} candidates measured; results in {a.out}")
+            if c["id"] in preflight:
+                entry["candidates"].append(preflight[c["id"]])
+                done += 1
+                print(f"[{done}/{total}] {unit:13} {what(c):50} {preflight[c['id']]['error']}", flush=True)
+        save()
 
+        def report(kind, payload, entry=entry, unit=unit):
+            nonlocal done
+            if kind == "hand":
+                results.setdefault("device", payload.pop("device", None))
+                entry["hand"] = payload
+            elif kind == "reference" and payload is not None:
+                entry["reference"] = payload
+                reference_ops.add(unit.split(".")[0])
+            elif kind == "unit_error":
+                entry["error"] = payload
+                print(f"{unit}: the hand variants failed, its candidates are not measured: {payload}", flush=True)
+            elif kind == "result":
+                done += 1
+                entry["candidates"].append(payload)
+                status = (f"{geomean_ratio(payload['times'], entry['hand']['times']):.3f}x hand" if payload["valid"]
+                          else payload["error"])
+                print(f"[{done}/{total}] {unit:13} {what(payload):50} {status}", flush=True)
+            save()
+
+        to_time = [c for c in by_unit[unit] if c["id"] not in preflight]
+        job = dict(bundle=a.bundle, family=family, unit=unit, small=False, quick=a.quick, seed=a.seed, time_hand=True,
+                   time_reference=unit.split(".")[0] not in reference_ops, timed=True, deadline=deadline)
+        if to_time and time.time() < deadline:
+            entry["not_reached"] = run_unit(job, to_time, a.candidate_timeout, report)
+        else:
+            entry["not_reached"] = [c["id"] for c in to_time]
+        if "error" in entry:
+            entry["not_reached"] = [c["id"] for c in to_time
+                                    if c["id"] not in {r["id"] for r in entry["candidates"]}]
+        if entry["not_reached"]:
+            entry["cut_off"] = True
+            print(f"{unit}: {len(entry['not_reached'])} candidates not reached", flush=True)
+        save()
+    results["summary"] = summary(results)
+    save()
+    s = results["summary"]
+    print(f"kpool_tune run: {s['measured']} of {total} candidates measured, {s['failed']} failed, "
+          f"{s['not_reached']} not reached; {s['not_built']} did not build; results in {a.out}")
+
+
+def summary(results):
+    candidates = [c for e in results["units"].values() for c in e["candidates"]]
+    return dict(measured=sum(c["valid"] for c in candidates), failed=sum(not c["valid"] for c in candidates),
+                not_reached=sum(len(e.get("not_reached", [])) for e in results["units"].values()),
+                not_built=len(results.get("failed_to_build", [])))
 
 # --- apply ----------------------------------------------------------------------------------------
 def geomean_ratio(times, hand):
@@ -593,6 +806,35 @@ def table(results, min_gain=0.02):
     return "\n".join(lines)
 
 
+DOCS = os.path.join(REPO, "docs")
+
+
+def keep(results, table_text, docs_dir):
+    """The run's results as docs/measured/tune_<family>.json, and its table
+    in docs/tuning.md between the family's markers (added at the end the
+    first time)."""
+    family = results["family"]
+    os.makedirs(os.path.join(docs_dir, "measured"), exist_ok=True)
+    measured = os.path.join(docs_dir, "measured", f"tune_{family}.json")
+    with open(measured, "w") as f:
+        json.dump(results, f, indent=1)
+    begin, end = f"<!-- tune table {family}: kpool_tune.py apply --keep -->", f"<!-- end tune table {family} -->"
+    s = results.get("summary") or summary(results)
+    section = (f"{begin}\n### {family}, measured on {results.get('device') or 'an unnamed device'}\n\n"
+               f"{s['measured']} candidates measured, {s['failed']} failed, {s['not_reached']} not reached, "
+               f"{s['not_built']} not built (`docs/measured/tune_{family}.json`).\n\n{table_text}\n{end}")
+    path = os.path.join(docs_dir, "tuning.md")
+    with open(path) as f:
+        doc = f.read()
+    if begin in doc and end in doc:
+        doc = doc[:doc.index(begin)] + section + doc[doc.index(end) + len(end):]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(doc)
+    print(f"kept: {measured} and the table in {path}")
+
+
 def apply(a):
     with open(a.results) as f:
         results = json.load(f)
@@ -605,10 +847,13 @@ def apply(a):
             print(f"{unit}: {knob_string(best['changed'])} ({ratio:.3f}x the hand values' time)")
         else:
             print(f"{unit}: the hand values stay")
-    if new:
-        write_knobs(path, new)
+    if new and not a.no_knobs:
+        knobs_file.write_values(path, new)
         print(f"wrote {len(new)} values into {path}")
-    print(table(results, a.min_gain))
+    text = table(results, a.min_gain)
+    print(text)
+    if a.keep:
+        keep(results, text, a.docs_dir)
 
 
 def main(argv=None):
@@ -626,20 +871,30 @@ def main(argv=None):
     pl.add_argument("--cmake", default=shutil.which("cmake") or "cmake")
     pl.add_argument("--cmake-arg", action="append", default=[], help="passed to cmake's configure")
     rn = sub.add_parser("run", help="check and time every candidate (the family's machine)")
-    rn.add_argument("bundle")
+    ck = sub.add_parser("check", help="the pre-flight alone: every candidate once on small inputs, bytes "
+                                      "against the hand variants (exit status 1 if any fails)")
+    for q in (rn, ck):
+        q.add_argument("bundle")
+        q.add_argument("--budget", type=float, default=480, help="seconds; results so far are kept")
+        q.add_argument("--units", nargs="*")
+        q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--candidate-timeout", type=float, default=300,
+                       help="seconds a candidate (or a unit's baseline) may take before its process is killed")
     rn.add_argument("--out", default="tune_results.json")
-    rn.add_argument("--budget", type=float, default=480, help="seconds; results so far are kept")
-    rn.add_argument("--units", nargs="*")
     rn.add_argument("--quick", action="store_true", help="the first two cases of each unit only")
-    rn.add_argument("--seed", type=int, default=0)
+    rn.add_argument("--no-preflight", action="store_true", help="skip the pre-flight check on small inputs")
     ap = sub.add_parser("apply", help="write the winners into the family's .knobs")
     ap.add_argument("results")
     ap.add_argument("--min-gain", type=float, default=0.02, help="how much faster a winner must be (0.02: 2 %%)")
+    ap.add_argument("--no-knobs", action="store_true", help="print (and keep) the table, leave the .knobs as it is")
+    ap.add_argument("--keep", action="store_true",
+                    help="also write the results to docs/measured/tune_<family>.json and the table into docs/tuning.md")
+    ap.add_argument("--docs-dir", default=DOCS)
     for q in (pl, ap):
         q.add_argument("--knobs-dir", default=os.path.join(REPO, "schedules"))
     a = p.parse_args(argv)
-    {"plan": plan, "run": run, "apply": apply}[a.command](a)
+    return {"plan": plan, "run": run, "check": check, "apply": apply}[a.command](a)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

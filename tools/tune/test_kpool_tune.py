@@ -1,40 +1,71 @@
 """The tuner's plan and apply logic on the committed knobs files and on a
-recorded results file (testdata/), without building or timing anything."""
+recorded results file (testdata/), and its isolation of failing candidates
+(a segfault, a hang, a raise) on fake units; with KPOOL_TUNE_BUNDLE (a CPU
+bundle of `plan`, as tools/tune/cpu_loop.sh makes), the same failures among
+the real candidates of that bundle."""
 
+import ctypes
+import faulthandler
 import json
 import os
 import random
+import re
 import shutil
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import kpool_tune as kt  # noqa: E402
+import knobs as kf  # noqa: E402 (schedules/knobs.py, on the path kpool_tune puts it)
 
 SCHEDULES = os.path.join(kt.REPO, "schedules")
 RESULTS = os.path.join(HERE, "testdata", "sm90_results.json")
+FAMILIES = sorted(f[:-len(".knobs")] for f in os.listdir(SCHEDULES) if f.endswith(".knobs"))
 
 
-@pytest.mark.parametrize("family", ["cpu", "sm80", "sm90"])
-def test_committed_values_are_legal_and_satisfy_the_requires(family):
-    values, legal, requires = kt.read_knobs(os.path.join(SCHEDULES, f"{family}.knobs"))
-    assert values, family
-    for name, v in values.items():
-        assert v in legal[name], name
-    assert kt.satisfies(values, requires)
+def read(family):
+    return kf.Knobs(os.path.join(SCHEDULES, f"{family}.knobs"))
+
+
+def test_committed_values_are_legal_and_satisfy_the_requires():
+    for family in FAMILIES:
+        knobs = read(family)  # the reader checks both
+        assert knobs.values and knobs.satisfies(knobs.values), family
+
+
+def test_the_reader_rejects_what_the_configure_must(tmp_path):
+    good = open(os.path.join(SCHEDULES, "sm90.knobs")).read()
+    cases = {
+        "require fwht.run <= fwht.values does not hold for fwht.run = 8, fwht.values = 4":
+            good.replace("fwht.values = 32 ", "fwht.values = 4  ").replace("fwht.run = 4 ", "fwht.run = 8 "),
+        "fwht.run = 5 is not among its legal values": good.replace("fwht.run = 4 ", "fwht.run = 5 "),
+        "fwht.run given twice": good + "fwht.run = 4 : 4\n",
+        "not \"name = value : legal values\"": good + "fwht.run 4\n",
+    }
+    for message, text in cases.items():
+        (tmp_path / "sm90.knobs").write_text(text)
+        with pytest.raises(kf.KnobsError, match=re.escape(message)):
+            kf.Knobs(tmp_path / "sm90.knobs")
+    # write_values leaves a file that breaks a rule as it was.
+    (tmp_path / "sm90.knobs").write_text(good)
+    with pytest.raises(kf.KnobsError):
+        kf.write_values(tmp_path / "sm90.knobs", {"fwht.run": 16, "fwht.values": 8})
+    assert (tmp_path / "sm90.knobs").read_text() == good
 
 
 def test_gpu_families_name_the_same_knobs():
-    sm80 = kt.read_knobs(os.path.join(SCHEDULES, "sm80.knobs"))[0]
-    sm90 = kt.read_knobs(os.path.join(SCHEDULES, "sm90.knobs"))[0]
-    assert sorted(sm80) == sorted(sm90)
+    """CudaPlan reads every CUDA family's knobs into the same fields."""
+    names = {f: sorted(read(f).values) for f in FAMILIES if f != "cpu"}
+    assert len(set(map(tuple, names.values()))) == 1, names
 
 
 def test_units_split_by_op_and_arithmetic():
-    values, legal, _ = kt.read_knobs(os.path.join(SCHEDULES, "sm90.knobs"))
-    u = kt.units(values, legal)
+    u = kt.units(read("sm90"))
     assert "e4m3.hardware" not in [k for ks in u.values() for k in ks]  # a capability, not tuned
     assert u["compress.exact"] == ["compress.exact_values"]
     assert "compress.triton_values" in u["compress"]
@@ -44,16 +75,16 @@ def test_units_split_by_op_and_arithmetic():
 
 
 def test_enumeration_prunes_by_requires_and_leaves_out_the_hand_values():
-    values, legal, requires = kt.read_knobs(os.path.join(SCHEDULES, "sm90.knobs"))
-    knobs = kt.units(values, legal)["fwht"]
-    settings = kt.enumerate_unit(values, legal, requires, knobs, None, random.Random(0))
+    knobs = read("sm90")
+    names = kt.units(knobs)["fwht"]
+    settings = kt.enumerate_unit(knobs, names, None, random.Random(0))
     assert all(s["fwht.run"] <= s["fwht.values"] for s in settings)
-    assert {k: values[k] for k in knobs} not in settings
+    assert {k: knobs.values[k] for k in names} not in settings
     full = 1
-    for k in knobs:
-        full *= len(legal[k])
+    for k in names:
+        full *= len(knobs.legal[k])
     assert 0 < len(settings) < full - 1  # some pruned
-    sampled = kt.enumerate_unit(values, legal, requires, knobs, 5, random.Random(0))
+    sampled = kt.enumerate_unit(knobs, names, 5, random.Random(0))
     assert len(sampled) == 5 and all(s in settings for s in sampled)
 
 
@@ -84,9 +115,159 @@ def test_apply_rewrites_only_the_winning_values(tmp_path, capsys):
     changed = [(b, a) for b, a in zip(before, after) if b != a]
     assert len(before) == len(after) and len(changed) == 1
     assert changed[0][1].startswith("fwht.values = 16 ") and changed[0][1].index(":") == changed[0][0].index(":")
-    assert kt.read_knobs(tmp_path / "sm90.knobs")[0]["fwht.values"] == 16
+    assert kf.Knobs(tmp_path / "sm90.knobs").values["fwht.values"] == 16
     out = capsys.readouterr().out
     assert "| fwht (triton) | rows=65536 | 11.5 | 10.0 | 9.0 | fwht.values:16 | 30.0 |" in out
     assert "| decode (triton) | requests=64 next_n=1 P=4 | - | 3.0 |" in out
     assert "decode: the reference was not timed: AssertionError: a recorded failure" in out
     assert "decode: Anderson2021 could not schedule it: kpool_sm90_decode_update_p4_triton_c9" in out
+
+
+# --- isolation: a candidate that faults, hangs or raises is recorded, and the run goes on ---------
+def fail_as_told(c):
+    fault = c.get("fake")
+    if fault == "segfault":
+        faulthandler.disable()  # pytest's handler would print the worker's stack
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    elif fault == "hang":
+        if os.environ.get("KPOOL_TUNE_TEST_PIDS"):
+            with open(os.environ["KPOOL_TUNE_TEST_PIDS"], "a") as f:
+                f.write(f"{os.getpid()}\n")
+        time.sleep(3600)
+    elif fault == "raise":
+        raise RuntimeError("a fake candidate's failure")
+
+
+class FakeSession:
+    """A unit whose candidates fail as their "fake" field says, in the worker
+    process itself (a real segfault, a real hang), in place of the library."""
+
+    def __init__(self, *args):
+        pass
+
+    def device_name(self):
+        return "a fake device"
+
+    def hand_times(self):
+        return {"case": 10.0}
+
+    def reference_times(self):
+        return None
+
+    def candidate(self, c, timed):
+        fail_as_told(c)
+        return {"case": 9.0 - c["id"] * 0.1} if timed else {}
+
+    def healthy(self):
+        return False  # as on CUDA: a fresh process after any failure
+
+
+def fake_bundle(tmp_path, faults):
+    candidates = [dict(id=i, unit="fwht", arithmetic="exact", changed={"fwht.rows_per_task": 4 * (i + 1)},
+                       knobs={"fwht.rows_per_task": 4 * (i + 1)}, fake=f) for i, f in enumerate(faults)]
+    (tmp_path / "candidates.json").write_text(json.dumps(dict(family="cpu", knobs={}, candidates=candidates,
+                                                              failed=[])))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("preflight", [True, False])
+def test_run_records_a_segfault_a_hang_and_a_raise_and_goes_on(tmp_path, monkeypatch, capsys, preflight):
+    monkeypatch.setattr(kt, "open_session", FakeSession)
+    bundle = fake_bundle(tmp_path, [None, "segfault", None, "hang", "raise", None])
+    out = tmp_path / "results.json"
+    kt.main(["run", bundle, "--candidate-timeout", "3", "--out", str(out)] + ([] if preflight else ["--no-preflight"]))
+    results = json.loads(out.read_text())
+    by_id = {c["id"]: c for c in results["units"]["fwht"]["candidates"]}
+    assert sorted(by_id) == [0, 1, 2, 3, 4, 5]
+    assert [i for i, c in by_id.items() if c["valid"]] == [0, 2, 5]
+    assert "SIGSEGV" in by_id[1]["error"]
+    assert "no result after 3 s" in by_id[3]["error"]
+    assert "a fake candidate's failure" in by_id[4]["error"]
+    assert by_id[1]["knobs"] == {"fwht.rows_per_task": 8}  # a failure keeps its knobs
+    assert by_id[5]["times"] == {"case": 8.5}
+    assert results["summary"] == dict(measured=3, failed=3, not_reached=0, not_built=0)
+    assert results["device"] == "a fake device"
+    assert "3 of 6 candidates measured, 3 failed, 0 not reached" in capsys.readouterr().out
+    assert kt.winners(results)["fwht"][0]["id"] == 5
+
+
+def test_check_fails_on_a_faulting_candidate(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(kt, "open_session", FakeSession)
+    assert kt.main(["check", fake_bundle(tmp_path, [None, None]), "--candidate-timeout", "3"]) == 0
+    assert kt.main(["check", fake_bundle(tmp_path, [None, "segfault"]), "--candidate-timeout", "3"]) == 1
+    assert "1 failed, 0 not reached" in capsys.readouterr().out
+
+
+def test_sigterm_ends_the_run_and_its_workers(tmp_path):
+    """`timeout` (the GPU call's deadline) sends SIGTERM to the tuner only: its
+    workers must not outlive it (a hung one would hold the GPU)."""
+    bundle = fake_bundle(tmp_path, [None, "hang"])
+    pids = tmp_path / "pids"
+    script = (f"import sys; sys.path[:0] = [{HERE!r}]; import kpool_tune as kt, test_kpool_tune as t; "
+              f"kt.open_session = t.FakeSession; "
+              f"kt.main(['run', {bundle!r}, '--no-preflight', '--out', {str(tmp_path / 'r.json')!r}])")
+    p = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "KPOOL_TUNE_TEST_PIDS": str(pids)})
+    deadline = time.time() + 30
+    while not pids.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert pids.exists(), "the hanging candidate never started"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) != 0
+    worker = int(pids.read_text().split()[0])
+    deadline = time.time() + 10
+    while time.time() < deadline and os.path.exists(f"/proc/{worker}"):
+        time.sleep(0.1)
+    outlived = os.path.exists(f"/proc/{worker}")
+    if outlived:
+        os.kill(worker, signal.SIGKILL)  # not left behind by a failing test
+    assert not outlived, "the worker outlived the run"
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert [c["id"] for c in results["units"]["fwht"]["candidates"]] == [0]  # measured before the signal
+
+
+def test_a_spent_budget_leaves_candidates_not_reached(tmp_path, monkeypatch):
+    monkeypatch.setattr(kt, "open_session", FakeSession)
+    out = tmp_path / "results.json"
+    kt.main(["run", fake_bundle(tmp_path, [None, None, None]), "--budget", "0", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["summary"] == dict(measured=0, failed=0, not_reached=3, not_built=0)
+
+
+@pytest.mark.skipif(not os.environ.get("KPOOL_TUNE_BUNDLE"), reason="needs a CPU bundle (tools/tune/cpu_loop.sh)")
+def test_run_on_a_real_bundle_goes_on_past_failing_candidates(tmp_path, monkeypatch):
+    real = os.environ["KPOOL_TUNE_BUNDLE"]
+    bundle = json.loads(open(os.path.join(real, "candidates.json")).read())
+    unit = bundle["candidates"][0]["unit"]
+    knobs = bundle["candidates"][0]["knobs"]
+    fakes = [dict(id=1000 + i, unit=unit, arithmetic="exact", changed={"fake": i}, knobs=knobs, fake=f)
+             for i, f in enumerate(["segfault", "hang", "raise"])]
+    # The fakes first: every real candidate after them must still be measured.
+    bundle["candidates"] = fakes + bundle["candidates"]
+    (tmp_path / "candidates.json").write_text(json.dumps(bundle))
+    os.symlink(os.path.join(real, "libkpool.so"), tmp_path / "libkpool.so")
+    real_candidate = kt.Session.candidate
+    monkeypatch.setattr(kt.Session, "candidate", lambda self, c, timed: fail_as_told(c) or real_candidate(self, c, timed))
+    out = tmp_path / "results.json"
+    kt.main(["run", str(tmp_path), "--quick", "--candidate-timeout", "30", "--out", str(out)])
+    results = json.loads(out.read_text())
+    by_id = {c["id"]: c for e in results["units"].values() for c in e["candidates"]}
+    assert "SIGSEGV" in by_id[1000]["error"] and "no result after 30 s" in by_id[1001]["error"]
+    assert "a fake candidate's failure" in by_id[1002]["error"]
+    real_ids = [c["id"] for c in bundle["candidates"] if "fake" not in c]
+    assert all(by_id[i]["valid"] and by_id[i]["times"] for i in real_ids), [by_id[i] for i in real_ids]
+    assert results["summary"]["measured"] == len(real_ids) and results["summary"]["failed"] == 3
+
+
+def test_apply_keep_writes_the_results_and_the_table_once(tmp_path):
+    shutil.copy(os.path.join(SCHEDULES, "sm90.knobs"), tmp_path / "sm90.knobs")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "tuning.md").write_text("# Schedule tuning\n\ntext\n")
+    args = ["apply", RESULTS, "--knobs-dir", str(tmp_path), "--docs-dir", str(docs), "--keep", "--no-knobs"]
+    kt.main(args)
+    kt.main(args)  # again: the section is replaced, not added twice
+    doc = (docs / "tuning.md").read_text()
+    assert doc.startswith("# Schedule tuning\n\ntext\n") and doc.count("<!-- tune table sm90") == 1
+    assert "| fwht (triton) | rows=65536 | 11.5 | 10.0 | 9.0 | fwht.values:16 | 30.0 |" in doc
+    assert json.loads((docs / "measured" / "tune_sm90.json").read_text())["family"] == "sm90"
+    assert (tmp_path / "sm90.knobs").read_text() == open(os.path.join(SCHEDULES, "sm90.knobs")).read()
