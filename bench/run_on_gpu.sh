@@ -3,7 +3,8 @@
 # and the demo on the device, the benchmark next to the Triton reference, the
 # Python side-by-side test, the torch custom operators under torch.compile
 # (CUDA graphs), the host time per call from Python, the benchmark in the
-# exact arithmetic, compute-sanitizer on the decode tests, and (with
+# exact arithmetic, compute-sanitizer (memcheck on the replay of the fuzz
+# corpus, racecheck and memcheck on the GPU tests), and (with
 # --profile) Nsight Compute on the large cases, and the schedule tuner when a
 # tuning bundle came along. Everything is built and packed here first (the
 # Triton reference is never part of the project: copy it into the ignored
@@ -99,12 +100,26 @@ step "torch ops: opcheck, torch.compile fullgraph + reduce-overhead, engine modu
     python3 -m pytest python/tests/test_torch_ops.py python/tests/test_gpu_torch_compile.py -q -p no:cacheprovider
 summary+=("  $(tail -1 "$out/torch_compile.log")")
 while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR)' "$out/torch_compile.log" | head -10)
-# The one-kernel decode under compute-sanitizer: shared-memory races, then
-# out-of-bounds accesses.
+# compute-sanitizer, each run capped at KPOOL_SANITIZER_S seconds (default
+# 100; a capped run reports rc=124): memcheck on the CUDA replay of the fuzz
+# corpus (hostile calls through device memory; KPOOL_FUZZ_REPLAY_LIMIT
+# inputs per target, spread over its corpus, the regression inputs always),
+# then racecheck and memcheck over every GPU test but the *Many* ones (70000
+# rows: minutes under the tools).
+sanitizer_cap=${KPOOL_SANITIZER_S:-100}
+sanitize() { # TOOL FILTER [ENV=VALUE...]
+    local tool=$1 filter=$2
+    shift 2
+    env "$@" timeout "$sanitizer_cap" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+        build/tests/kpool_tests --gtest_filter="$filter" --gtest_brief=1
+}
+step "compute-sanitizer memcheck (GPU fuzz corpus replay)" memcheck_fuzz_replay.log \
+    sanitize memcheck 'GpuFuzzReplay*' KPOOL_FUZZ_REPLAY_LIMIT="${KPOOL_FUZZ_REPLAY_LIMIT:-120}"
+while read -r line; do summary+=("  $line"); done < <(grep -E 'SUMMARY|^\[  (PASSED|FAILED)|committed inputs replayed' \
+    "$out/memcheck_fuzz_replay.log" | head -12)
 for tool in racecheck memcheck; do
-    step "compute-sanitizer $tool (GPU decode tests)" "$tool.log" compute-sanitizer --tool "$tool" \
-        build/tests/kpool_tests --gtest_filter='GpuDecode*' --gtest_brief=1
-    while read -r line; do summary+=("  $line"); done < <(grep -E 'SUMMARY|^\[  (PASSED|FAILED)' "$out/$tool.log")
+    step "compute-sanitizer $tool (GPU tests but *Many*)" "$tool.log" sanitize "$tool" 'Gpu*:-*Many*:GpuFuzzReplay*'
+    while read -r line; do summary+=("  $line"); done < <(grep -E 'SUMMARY|^\[  (PASSED|FAILED)' "$out/$tool.log" | head -8)
 done
 
 step "host overhead per call (ours vs the reference's launch)" host_overhead.log \

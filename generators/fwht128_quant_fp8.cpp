@@ -16,7 +16,8 @@ namespace {
 void define_rotation(FwhtStages &s, Func x, const BuildPlan &plan) {
     const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Fwht});
     s.layout = decided.layout;
-    s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, s.layout, Expr(true), PoolArithmetic{}, decided.e4m3);
+    s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, s.layout, Expr(true),
+                               PoolArithmetic{Arithmetic::Exact, {}, false, max_min_rule(plan.target)}, decided.e4m3);
 }
 
 // Both views of a (codes, scale) output share the first's bounds; the

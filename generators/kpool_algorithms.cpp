@@ -109,10 +109,11 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
     const int V = layout.values_per_lane, L = layout.lanes();
     Fp8Row q;
     q.round_scale = round_scale;
-    // max is exact, so its order is free: per lane first, then across lanes.
+    // max is exact and, ignoring NaN, commutative, so its order is free: per
+    // lane first, then across lanes.
     Expr lane_max = abs_f32(x(with_two(0, lane, rows)));
     for (int i = 1; i < V; i++) {
-        lane_max = max(lane_max, abs_f32(x(with_two(i, lane, rows))));
+        lane_max = arith.max_min.max(lane_max, abs_f32(x(with_two(i, lane, rows))));
     }
     q.lane_absmax = Func{"lane_absmax"};
     q.lane_absmax(lane_args(lane, rows)) = lane_max;
@@ -121,12 +122,12 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
         Partner p = partner(lane, bit, L, layout.partner_by_index);
         Func stage{"absmax_lanes" + std::to_string(bit)};
         Expr other = p.read([&](Expr i) { return prev(with_first(i, rows)); });
-        stage(lane_args(lane, rows)) = max(prev(with_first(lane, rows)), other);
+        stage(lane_args(lane, rows)) = arith.max_min.max(prev(with_first(lane, rows)), other);
         q.absmax_stages.push_back(stage);
         prev = stage;
     }
     q.lane_scale = Func{"lane_fp8_scale"};
-    q.lane_scale(lane_args(lane, rows)) = fp8_scale(prev(with_first(lane, rows)), round_scale);
+    q.lane_scale(lane_args(lane, rows)) = fp8_scale(prev(with_first(lane, rows)), round_scale, arith.max_min);
     q.scale = Func{"fp8_scale"};
     q.scale(with_d(d, rows)) = q.lane_scale(with_first(layout.lane_of(d), rows));
     q.codes = Func{"e4m3_codes"};
@@ -166,12 +167,15 @@ SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Va
     // them loops): the order of the f32 operations is part of the contract.
     // Both sums start from +0.0f as the reference's do, so the sign of an
     // all-zero sum matches too (strict_float keeps 0 + x).
+    // The max ignores NaN (SPEC step 4): starting from s_0 rather than the
+    // reference's -inf changes m only where every s_j is NaN, and there
+    // every s_j - m is NaN either way.
     s.max_logit = Func{"max_logit"};
     s.max_logit(with_d(d, rows)) = s.logit(with_two(d, 0, rows));
     if (pool_size > 1) {
         s.later_slot = RDom(1, pool_size - 1, "later_slot");
         s.max_logit(with_d(d, rows)) =
-            max(s.max_logit(with_d(d, rows)), s.logit(with_two(d, s.later_slot, rows)));
+            arith.max_min.max(s.max_logit(with_d(d, rows)), s.logit(with_two(d, s.later_slot, rows)));
     }
 
     s.weight = Func{"softmax_weight"};

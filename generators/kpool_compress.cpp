@@ -59,7 +59,9 @@ protected:
         const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Compress, arith});
         s.layout = decided.layout;
         return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
-                             {arith, rounding_barrier(slot_k.dim(2).stride()), decided.exp_branches}, decided.e4m3);
+                             {arith, rounding_barrier(slot_k.dim(2).stride()), decided.exp_branches,
+                              max_min_rule(plan.target)},
+                             decided.e4m3);
     }
 };
 

@@ -134,7 +134,9 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Decode, arith});
     s.layout = decided.layout;
     s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
-                               in.round_scale, {arith, rounding_barrier(in.key.dim(2).stride()), decided.exp_branches},
+                               in.round_scale,
+                               {arith, rounding_barrier(in.key.dim(2).stride()), decided.exp_branches,
+                                max_min_rule(plan.target)},
                                decided.e4m3);
 
     // A completion needs a tail block: with tail_slot < 0 the reference

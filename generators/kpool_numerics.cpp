@@ -25,6 +25,28 @@ Expr abs_f32(Expr x) {
     return reinterpret<float>(reinterpret<uint32_t>(x) & 0x7fffffff);
 }
 
+namespace {
+
+// A call the PTX backend lowers to one instruction: an LLVM intrinsic,
+// declared by name.
+Expr ptx_instruction(const char *intrinsic, const std::vector<Expr> &args) {
+    return Internal::Call::make(Float(32), intrinsic, args, Internal::Call::PureExtern);
+}
+
+}  // namespace
+
+Expr MaxMinRule::max(Expr a, Expr b) const {
+    return ptx ? ptx_instruction("llvm.maxnum.f32", {a, b}) : select(a > b || is_nan(b), a, b);
+}
+
+Expr MaxMinRule::min(Expr a, Expr b) const {
+    return ptx ? ptx_instruction("llvm.minnum.f32", {a, b}) : select(a < b || is_nan(b), a, b);
+}
+
+MaxMinRule max_min_rule(const Target &target) {
+    return {target.has_feature(Target::CUDA)};
+}
+
 Expr e4m3_encode(Expr x) {
     Expr u = reinterpret<uint32_t>(x);
     Expr sign = cast<uint8_t>((u >> 24) & 0x80);
@@ -50,22 +72,31 @@ Expr e4m3x2_sm90(Expr high, Expr low) {
     return Internal::Call::make(UInt(16), "llvm.nvvm.ff.to.e4m3x2.rn", {high, low}, Internal::Call::PureExtern);
 }
 
+// The reference's clamp, min(max(x, -448), 448), the rule written out.
 Expr clamp_fp8(Expr x) {
-    return clamp(x, -kFp8Max, kFp8Max);
+    const MaxMinRule written_out{false};
+    return written_out.min(written_out.max(x, -kFp8Max), kFp8Max);
+}
+
+// The clamp's lower half, max.f32 (sm_90 is CUDA): cvt.rn.satfinite does
+// the upper one, and its NaN code (0x7f) is never asked for.
+Expr sm90_operand(Expr x) {
+    return MaxMinRule{true}.max(x, -kFp8Max);
 }
 
 }  // namespace
 
 Expr e4m3_encode_saturated(Expr x, E4m3Encoder encoder) {
     if (encoder == E4m3Encoder::Sm90) {
-        return cast<uint8_t>(e4m3x2_sm90(0.0f, x));
+        return cast<uint8_t>(e4m3x2_sm90(0.0f, sm90_operand(x)));
     }
     return e4m3_encode(clamp_fp8(x));
 }
 
 Expr e4m3_word_saturated(const Expr (&x)[4], E4m3Encoder encoder) {
     if (encoder == E4m3Encoder::Sm90) {
-        return cast<uint32_t>(e4m3x2_sm90(x[1], x[0])) | (cast<uint32_t>(e4m3x2_sm90(x[3], x[2])) << 16);
+        return cast<uint32_t>(e4m3x2_sm90(sm90_operand(x[1]), sm90_operand(x[0]))) |
+               (cast<uint32_t>(e4m3x2_sm90(sm90_operand(x[3]), sm90_operand(x[2]))) << 16);
     }
     Expr word = cast<uint32_t>(0);
     for (int i = 0; i < 4; i++) {
@@ -89,8 +120,8 @@ Expr ue8m0_reciprocal(Expr scale) {
     return select(exponent >= 254, 1.0f / scale, reinterpret<float>((254 - exponent) << 23));
 }
 
-Expr fp8_scale(Expr absmax, Expr round_scale) {
-    Expr m = max(absmax, kAbsmaxFloor) * kFp8MaxInv;
+Expr fp8_scale(Expr absmax, Expr round_scale, const MaxMinRule &rule) {
+    Expr m = rule.max(absmax, kAbsmaxFloor) * kFp8MaxInv;
     return select(round_scale, ue8m0_scale(m), m);
 }
 
@@ -198,12 +229,6 @@ Arithmetic arithmetic_for(Arithmetic arithmetic, const Target &target) {
 }
 
 namespace {
-
-// A call the PTX backend lowers to one instruction: an LLVM intrinsic,
-// declared by name.
-Expr ptx_instruction(const char *intrinsic, const std::vector<Expr> &args) {
-    return Internal::Call::make(Float(32), intrinsic, args, Internal::Call::PureExtern);
-}
 
 constexpr float kLog2EF32 = 1.4426950408889634f;  // 0x3FB8AA3B, as in the reference's PTX
 

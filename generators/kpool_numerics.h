@@ -28,27 +28,49 @@ Halide::Expr round_to_bf16(Halide::Expr x);
 // |x| by clearing the sign bit: one instruction on every target.
 Halide::Expr abs_f32(Halide::Expr x);
 
+// max and min as the reference's (SPEC step 4, "Non-finite values"): a NaN
+// operand gives the other operand, two NaNs give NaN. On CUDA, PTX's
+// max.f32 / min.f32 are that rule: called as the LLVM intrinsics the PTX
+// backend lowers them to (Halide's own float max / min under strict_float
+// become setp.gt + selp there, as a > b ? a : b does on x86, NaN whenever b
+// is). Elsewhere the rule is written out. The choice is made when the
+// kernel is built (a select on the target inside the IR would leave the
+// written-out form's lets in GPU code, which Halide's warp-shuffle lowering
+// rejects).
+struct MaxMinRule {
+    bool ptx = false;  // max.f32 / min.f32
+    Halide::Expr max(Halide::Expr a, Halide::Expr b) const;
+    Halide::Expr min(Halide::Expr a, Halide::Expr b) const;
+};
+MaxMinRule max_min_rule(const Halide::Target &target);
+
 // f32 -> float8_e4m3fn bits, round to nearest even, subnormals included.
-// Expects |x| <= 448 or NaN (callers clamp first, as the reference does).
+// Expects |x| <= 448 or NaN (callers clamp first, as the reference does,
+// which turns NaN into -448).
 Halide::Expr e4m3_encode(Halide::Expr x);
 
 // How f32 values become e4m3 codes:
 //  - Integer: e4m3_encode on the clamped value, on integer bits (every target);
 //  - Sm90: sm_90's cvt.rn.satfinite.e4m3x2.f32, two values per instruction,
-//    round to nearest even, saturating at +-448 (the clamp, in hardware) and
-//    NaN to 0x7f as e4m3_encode does (sm_89 and later: a family whose row in
-//    the family table lists e4m3). Halide 21 names capability 8.6 at most:
-//    the build raises the PTX header to the family's target (cmake/ptx_for_family.py).
+//    round to nearest even, saturating at +-448 (the clamp's upper half, in
+//    hardware; its NaN to 0x7f is not the clamp's -448, so the lower half,
+//    max.f32 with -448, stays): sm_89 and later, a family whose row in the
+//    family table lists e4m3. Halide 21 names capability 8.6 at most: the
+//    build raises the PTX header to the family's target (cmake/ptx_for_family.py).
+// The Integer encoder clamps with the rule written out (it may run on CUDA
+// too: correct there, a few instructions more than max.f32 / min.f32).
 enum class E4m3Encoder { Integer, Sm90 };
-// x clamped to [-448, 448], then its e4m3 code.
+// x clamped to [-448, 448] as the reference clamps, min(max(x, -448), 448)
+// with NaN-ignoring max and min (NaN becomes -448), then its e4m3 code.
 Halide::Expr e4m3_encode_saturated(Halide::Expr x, E4m3Encoder encoder);
 // The codes of four values, first in the low byte (little-endian memory
 // order): one 32-bit store.
 Halide::Expr e4m3_word_saturated(const Halide::Expr (&x)[4], E4m3Encoder encoder);
 
-// ue8m0 scale of a row: 2^ceil(log2(m)) for m = max(absmax, 1e-4) / 448,
+// ue8m0 scale of a row: 2^ceil(log2(m)) for m = max(absmax, 1e-4) / 448
+// (NaN-ignoring max: a NaN absmax floors to 1e-4),
 // exact from the bits of m; without round_scale, m itself.
-Halide::Expr fp8_scale(Halide::Expr absmax, Halide::Expr round_scale);
+Halide::Expr fp8_scale(Halide::Expr absmax, Halide::Expr round_scale, const MaxMinRule &rule);
 Halide::Expr ue8m0_scale(Halide::Expr m);
 // 1 / scale for a ue8m0 scale (a power of two), exact from its bits: x times
 // it rounds exactly as x / scale does, at the cost of one multiply.
@@ -106,6 +128,7 @@ struct PoolArithmetic {
     Arithmetic kind = Arithmetic::Exact;
     RoundingBarrier round;      // Exact: products rounded on their own
     bool exp_branches = false;  // Exact: exp's exact path as a branch (GPU threads)
+    MaxMinRule max_min;         // the softmax max and the row's absmax ignore NaN
 
     Halide::Expr exp(Halide::Expr t) const;
     // sum + k * p, in the order the reference accumulates.

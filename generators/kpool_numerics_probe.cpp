@@ -20,8 +20,8 @@ public:
         Var i = stages.i;
         e4m3(i) = e4m3_encode(x(i));
         bf16(i) = f32_to_bf16(x(i));
-        ue8m0(i) = fp8_scale(x(i), Expr(true));
-        linear(i) = fp8_scale(x(i), Expr(false));
+        ue8m0(i) = fp8_scale(x(i), Expr(true), max_min_rule(get_target()));
+        linear(i) = fp8_scale(x(i), Expr(false), max_min_rule(get_target()));
         exp_f32(i) = exp_f32_correctly_rounded(x(i), rounding_barrier(x.dim(0).extent()), /*branch=*/false);
         stages.outputs = {e4m3, bf16, ue8m0, linear, exp_f32};
     }

@@ -292,12 +292,13 @@ TensorArg require_kv_cache(const kpool_tensor *t) {
     }
     require_stride(c, 2, 1);
     require_stride(c, 1, kCacheRowBytes);
+    // int32 dims and strides first: block_size * 132 cannot overflow then.
+    require_int32_strides(c);
     if (c.dim(0) > 1 && (c.stride(0) < c.dim(1) * kCacheRowBytes || c.stride(0) % 4 != 0)) {
         throw invalid() << "kv_cache has page stride " << c.stride(0)
                         << " bytes: it must be a multiple of 4 and at least block_size * 132 = "
                         << c.dim(1) * kCacheRowBytes;
     }
-    require_int32_strides(c);
     return c;
 }
 
@@ -312,12 +313,13 @@ TensorArg require_tail(const kpool_tensor *t, int32_t pool_size) {
     }
     require_stride(tail, 3, 1);
     require_stride(tail, 2, KPOOL_HEAD_DIM);
+    // int32 dims and strides first: the sums below cannot overflow then.
+    require_int32_strides(tail);
     int64_t half_elems = ring * KPOOL_HEAD_DIM;
     if (tail.stride(1) < half_elems || (tail.dim(0) > 1 && tail.stride(0) < tail.stride(1) + half_elems)) {
         throw invalid() << "tail_kv_cache strides (" << tail.stride(0) << ", " << tail.stride(1)
                         << ", 128, 1) overlap its halves or blocks (RING * 128 = " << half_elems << ")";
     }
-    require_int32_strides(tail);
     return tail;
 }
 

@@ -37,6 +37,12 @@
 //                          (kpool_check_index_errors names it).
 //                          GpuMixedDevices: a call with tensors on two devices
 //                          is rejected, naming one.
+//   test_gpu_nonfinite.cpp GpuNonFinite*: rows with NaN, infinities and
+//                          overflowing sums, exact against the CPU byte for
+//                          byte, Triton on the rows the NaN rules fix.
+//   test_gpu_fuzz_replay.cpp
+//                          GpuFuzzReplay: every committed fuzz input through
+//                          device memory, checked as the fuzz targets check.
 //
 // Device memory, streams and graphs come from the test-support library
 // (support/device.h, support/cuda_driver.h: the driver is loaded at run time,

@@ -72,7 +72,9 @@ void sweep(const std::function<bool(std::vector<float> &)> &generate,
     }
 }
 
-// As the kernels quantize: clamp to [-448, 448] (infinities saturate), NaN kept.
+// The encoder's inputs: clamped to [-448, 448] (infinities saturate), NaN
+// kept to check the encoder's own NaN code (the kernels' clamp ignores NaN
+// and gives -448 first: test_nonfinite.cpp).
 float clamp_like_kernels(float v) {
     if (std::isnan(v)) return v;
     return std::min(std::max(v, -448.0f), 448.0f);

@@ -100,7 +100,7 @@ def hadamard128(x):
 
 
 def ue8m0(m):
-    """2^ceil(log2(m)) from the bits of m (normal, positive m)."""
+    """2^ceil(log2(m)) from the bits of m (normal, positive m; inf for inf)."""
     torch = sys.modules["torch"]
     bits = m.view(torch.int32)
     exponent = (bits >> 23) & 0xFF
@@ -112,7 +112,9 @@ def compress_rows(slot_k, slot_score, ape, round_scale=True, flavour="spec"):
     """(codes uint8 [n, 128], scales f32 [n]) of each pool."""
     torch = sys.modules["torch"]
     s = slot_score.float() + ape.float()[None]
-    m = s.max(dim=1).values
+    # Every max and min ignores NaN, as the reference's max.f32 / min.f32
+    # (SPEC step 4): torch's max and clamp propagate it.
+    m = torch.where(s.isnan(), float("-inf"), s).max(dim=1).values
     p = _exp(s - m[:, None], flavour)
     k = slot_k.float()
     P = s.shape[1]
@@ -123,8 +125,8 @@ def compress_rows(slot_k, slot_score, ape, round_scale=True, flavour="spec"):
         acc = _fma(p[:, j], k[:, j], acc) if flavour == "triton" else acc + p[:, j] * k[:, j]
     x = _div(acc, denom, flavour).to(torch.bfloat16).float()
     x = hadamard128(x).to(torch.bfloat16).float()
-    absmax = torch.clamp(x.abs().max(dim=1).values, min=1e-4)
+    absmax = torch.fmax(torch.where(x.isnan(), 0.0, x.abs()).max(dim=1).values, torch.tensor(1e-4))
     m = absmax * INV_448
     scale = ue8m0(m) if round_scale else m
-    y = torch.clamp(_div(x, scale[:, None], flavour), -448.0, 448.0)
+    y = torch.fmin(torch.fmax(_div(x, scale[:, None], flavour), torch.tensor(-448.0)), torch.tensor(448.0))
     return y.to(torch.float8_e4m3fn).view(torch.uint8), scale

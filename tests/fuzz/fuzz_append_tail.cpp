@@ -9,7 +9,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Input in(data, size);
     const char *op = "kpool_append_tail_to_topk";
     auto [P, pool_size, hostile] = pool_size_choice(in);
-    const int64_t rows = in.range<int64_t>(1, 8) - (in.chance(12) ? 1 : 0);
+    const int64_t rows = count_value(in, 8, 12);
     const int64_t cols = in.range<int64_t>(0, 40);
 
     std::vector<int64_t> topk, seq_lens, pool_lens;
@@ -33,19 +33,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Tensor plens = plan(in, "pool_lens", KPOOL_DTYPE_INT32, {rows});
     TokenMap map(in, rows);
     Tensor out = plan(in, "out", KPOOL_DTYPE_INT32, {rows, cols + P - 1});
-    if (in.chance(16) && rows > 1) out.strides[0] = in.range<int64_t>(1, std::max<int64_t>(out.shape[1], 1));
-    const bool overlapping = rows > 1 && out.shape[1] > 1 && out.strides[0] < out.shape[1];
+    const bool overlapping = overlapping_out_rows(in, out);
     std::vector<Tensor *> tamperable{&topk_t, &lens, &plens, &out};
     for (Tensor *t : map.present()) tamperable.push_back(t);
     const bool tampered = maybe_tamper(in, tamperable);
-    for (Tensor *t : {&topk_t, &lens, &plens, &map.page_table, &map.offsets, &out}) {
-        if (!t->allocate(in)) return 0;
-    }
+    if (!allocate_all(in, {&topk_t, &lens, &plens, &map.page_table, &map.offsets, &out})) return 0;
     write_ints(topk_t, topk);
     write_ints(lens, seq_lens);
     write_ints(plens, pool_lens);
     map.fill(in);
-    const CallOptions opts(in, PoolOp::kNo);
+    CallOptions opts(in, PoolOp::kNo);
     note("P %d pool_size %d", P, pool_size);
 
     const char *must_fail = first_reason({
@@ -60,11 +57,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     const Snapshot before({&topk_t, &lens, &plens, &map.page_table, &map.offsets, &out});
     Tensor want = out;
-    kpool_status st;
-    std::memset(&st, 0x5A, sizeof st);
-    const kpool_status_code rc =
-        kpool_append_tail_to_topk(Desc(topk_t)(), Desc(lens)(), Desc(plens)(), Desc(map.page_table)(),
-                                  Desc(map.offsets)(), Desc(out)(), pool_size, opts.ex(), opts.with_status ? &st : nullptr);
+    kpool_status st = poisoned_status();
+    CallMemory mem({&topk_t, &lens, &plens, &map.page_table, &map.offsets, &out});
+    const kpool_status_code rc = kpool_append_tail_to_topk(mem(topk_t), mem(lens), mem(plens), mem(map.page_table),
+                                  mem(map.offsets), mem(out), pool_size, opts.ex(), opts.with_status ? &st : nullptr);
+    mem.finish();
     const bool clean = !tampered && !hostile && !overlapping && !(map.has_table && map.has_offsets) &&
                        !(map.has_table && map.page_table.shape[1] == 0);
     if (!settle(rc, st, opts, op, before, must_fail, clean)) return 0;

@@ -20,7 +20,7 @@ namespace {
 // Request b of a [B, ...] descriptor, as a [1, ...] one.
 kpool_tensor request(const Tensor &t, int64_t b) {
     kpool_tensor d = t.desc();
-    d.data = static_cast<uint8_t *>(d.data) + b * t.strides[0] * t.esize();
+    d.data = static_cast<uint8_t *>(d.data) + t.byte_offset({b});
     d.shape[0] = 1;
     return d;
 }
@@ -35,11 +35,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     hostile = hostile || head_dim != kD;
     const int32_t round_scale = flag_value(in, in.flag());
     const int64_t ring = P * in.range<int64_t>(1, P >= 32 ? 2 : 3);
-    const int64_t tail_blocks = in.range<int64_t>(1, 6) - (in.chance(8) ? 1 : 0);
-    const int64_t pages = in.range<int64_t>(1, 4) - (in.chance(8) ? 1 : 0);
+    const int64_t tail_blocks = count_value(in, 6, 8);
+    const int64_t pages = count_value(in, 4, 8);
     const int64_t block_size = block_size_value(in);
-    const int64_t B = in.range<int64_t>(1, 4) - (in.chance(8) ? 1 : 0);
-    const int64_t N = in.range<int64_t>(1, P >= 32 ? 3 : 5) - (in.chance(8) ? 1 : 0);
+    const int64_t B = count_value(in, 4, 8);
+    const int64_t N = count_value(in, P >= 32 ? 3 : 5, 8);
     const int64_t slots = pages * block_size;
     const int32_t i32max = std::numeric_limits<int32_t>::max(), i32min = std::numeric_limits<int32_t>::min();
 
@@ -83,24 +83,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (Tensor *t : all) {
         if (!t->allocate(in)) return 0;
     }
-    // The ring holds finite bf16 (what earlier stashes wrote).
-    fill_values(in, tail, 1.0f, false);
+    // The ring holds what earlier stashes wrote: non-finite values too.
     const bool specials = in.chance(24);
+    fill_values(in, tail, 1.0f, specials);
     fill_values(in, key, 1.0f, specials);
     fill_values(in, score, in.flag() ? 2.0f : 60.0f, specials);
-    fill_values(in, ape, 0.5f, false);
+    fill_values(in, ape, 0.5f, specials);
     write_ints(tsm_t, tsm);
     write_ints(sm_t, sm);
     write_ints(pos_t, pos);
-    const CallOptions opts(in, PoolOp::kYes);
+    CallOptions opts(in, PoolOp::kYes);
     note("P %d pool_size %d head_dim %d round_scale %d ring %lld tail_blocks %lld pages %lld block_size %lld", P, pool_size, head_dim, round_scale, (long long)ring, (long long)tail_blocks, (long long)pages, (long long)block_size);
 
-    bool out_of_range = false;
+    bool bad_slot = false, bad_tail_slot = false;
     for (int64_t i = 0; i < B * N; i++) {
-        out_of_range = out_of_range || sm[i] >= slots || (tsm[i] >= 0 && tsm[i] / ring >= tail_blocks);
+        bad_slot = bad_slot || sm[i] >= slots;
+        bad_tail_slot = bad_tail_slot || (tsm[i] >= 0 && tsm[i] / ring >= tail_blocks);
     }
+    const bool out_of_range = bad_slot || bad_tail_slot;
     const bool bad_layout = (cache.shape[0] > 1 && cache.strides[0] % 4 != 0) ||
-                            (tail.shape[0] > 1 && tail.strides[0] < tail.strides[1] + ring * kD);
+                            tail_blocks_overlap(tail.shape[0], tail, ring);
     const char *must_fail = first_reason({
         invalid_alone(cache, {KPOOL_DTYPE_UINT8}),
         !cache.null_data && cache.misalign % 4 ? "a kv_cache not 4-byte aligned" : nullptr,
@@ -113,25 +115,50 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         invalid_alone(pos_t, {KPOOL_DTYPE_INT32}),
         head_dim != kD ? "head_dim != 128" : nullptr,
         !tampered && pool_size != P ? "pool_size != ape.shape[0]" : nullptr,
-        !tampered && out_of_range ? "an index outside its cache" : nullptr,
+        !tampered && out_of_range && !on_device() ? "an index outside its cache" : nullptr,
         !tampered && bad_layout ? "a page stride not a multiple of 4, or overlapping tail blocks" : nullptr,
     });
 
     const Snapshot before({&cache, &tail, &tsm_t, &key, &score, &ape, &sm_t, &pos_t});
     Tensor want_cache = cache, want_tail = tail;
-    kpool_status st;
-    std::memset(&st, 0x5A, sizeof st);
+    kpool_status st = poisoned_status();
+    CallMemory mem({&cache, &tail, &tsm_t, &key, &score, &ape, &sm_t, &pos_t});
     const kpool_status_code rc = kpool_decode_update_and_maybe_write_cache_batched(
-        Desc(cache)(), Desc(tail)(), Desc(tsm_t)(), Desc(key)(), Desc(score)(), Desc(ape)(), Desc(sm_t)(),
-        Desc(pos_t)(), pool_size, head_dim, round_scale, opts.ex(), opts.with_status ? &st : nullptr);
+        mem(cache), mem(tail), mem(tsm_t), mem(key), mem(score), mem(ape), mem(sm_t),
+        mem(pos_t), pool_size, head_dim, round_scale, opts.ex(), opts.with_status ? &st : nullptr);
+    mem.finish();
     const bool clean = !tampered && !hostile && !bad_layout;
-    if (clean && out_of_range && !opts.rejection && rc != KPOOL_OK) {
+    if (clean && out_of_range && !opts.rejection && rc != KPOOL_OK && !on_device()) {
         KFUZZ_CHECK(rc == KPOOL_ERROR_OUT_OF_RANGE, "%s: an index outside its cache gave %s", op, kpool_status_name(rc));
     }
-    if (!settle(rc, st, opts, op, before, must_fail, clean && !out_of_range)) return 0;
+    if (!settle(rc, st, opts, op, before, must_fail, clean && (!out_of_range || on_device()))) return 0;
+    if (clean) opts.check_marks(op, {{KPOOL_INDEX_SLOT_MAPPING, bad_slot}, {KPOOL_INDEX_TAIL_SLOT_MAPPING, bad_tail_slot}});
 
     for (Tensor *t : {&tsm_t, &key, &score, &ape, &sm_t, &pos_t}) {
         check_bytes(*t, before.of(*t), op, "an input changed");
+    }
+    const int64_t requests = key.shape[0], tokens = key.shape[1], r = tail.shape[2];
+    if (on_device() && out_of_range) {
+        // The device skips the entries outside their caches: the cache rows
+        // and ring slots the others aim at may change, no other byte.
+        const int64_t cache_slots = cache.shape[0] * cache.shape[1];
+        Contested reached_cache, reached_tail;
+        for (int64_t i = 0; i < requests * tokens; i++) {
+            const int64_t p = pos_t.get_int(i), ts = tsm_t.get_int(i), l = sm_t.get_int(i);
+            if (p >= 0 && ts >= 0 && ts / r < tail.shape[0]) {
+                for (int64_t half = 0; half < 2; half++) {
+                    reached_tail.anything(tail, tail.byte_offset({ts / r, half, p % r, 0}), 2 * kD);
+                }
+            }
+            if (l >= 0 && l < cache_slots) {
+                const CacheSlotBytes at = cache_slot_bytes(cache, l);
+                reached_cache.anything(cache, at.codes, kD);
+                reached_cache.anything(cache, at.scale, 4);
+            }
+        }
+        check_bytes_contested(cache, before.of(cache), reached_cache, op, "kv_cache with out-of-range indices");
+        check_bytes_contested(tail, before.of(tail), reached_tail, op, "tail_kv_cache with out-of-range indices");
+        return 0;
     }
     // The reference's sequential run of the whole batch.
     int64_t skipped;
@@ -141,13 +168,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         skipped = kpool_ref::decode_update_and_maybe_write_cache_batched(&c, &tl, &ts, &k, &s, &a, &m, &p, pool_size,
                                                                          head_dim, round_scale);
     }
-    if (opts.with_status) {
+    if (opts.with_status && !(on_device() && st.skipped_completions == -1)) {  // -1: not counted on a device
         KFUZZ_CHECK(st.skipped_completions == skipped, "%s: skipped_completions = %lld, the reference counts %lld",
                     op, (long long)st.skipped_completions, (long long)skipped);
     }
 
     // The per-request model.
-    const int64_t requests = key.shape[0], tokens = key.shape[1], r = tail.shape[2];
     std::vector<uint8_t> model_cache = cache.storage, model_tail = tail.storage;
     model_cache = before.of(cache);
     model_tail = before.of(tail);
@@ -169,7 +195,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     bool shared_block = false;
     for (auto &[block, users] : block_users) shared_block = shared_block || users.size() > 1;
-    bool written_twice = false, nonfinite_rows = false;
+    bool written_twice = false;
 
     // Each completion alone: its request's reference run with only its slot.
     for (auto &[l, writers] : completions) {
@@ -186,11 +212,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                s = request(score, b), a = ape.desc(), md = request(m, b), p = request(pos_t, b);
             kpool_ref::decode_update_and_maybe_write_cache_batched(&cd, &td, &ts, &k, &s, &a, &md, &p, pool_size,
                                                                    head_dim, round_scale);
-            if (!strict_nonfinite() && nonfinite_row(c.data() + at.codes, c.load_at<float>(at.scale))) {
-                contested_cache.anything(cache, at.codes, kD);
-                contested_cache.anything(cache, at.scale, 4);
-                nonfinite_rows = true;
-            }
             if (writers.size() == 1) {
                 std::memcpy(&model_cache[cache.origin + at.codes], c.data() + at.codes, kD);
                 std::memcpy(&model_cache[cache.origin + at.scale], c.data() + at.scale, 4);
@@ -215,7 +236,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
         }
     }
-    if (!shared_block && !written_twice && !nonfinite_rows) {
+    if (!shared_block && !written_twice) {
         KFUZZ_CHECK(model_cache == want_cache.storage && model_tail == want_tail.storage,
                     "harness: the per-request model differs from the reference's run of the batch");
     }

@@ -8,7 +8,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Input in(data, size);
     const char *op = "kpool_expand_pools_and_append_tail";
     auto [P, pool_size, hostile] = pool_size_choice(in);
-    const int64_t rows = in.range<int64_t>(1, 8) - (in.chance(12) ? 1 : 0);
+    const int64_t rows = count_value(in, 8, 12);
     const int64_t groups = in.range<int64_t>(0, 12);
     const bool wide = in.flag();
     const int32_t bound = flag_value(in, in.flag());
@@ -30,15 +30,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Tensor pool_ids = plan(in, "pool_ids", wide ? KPOOL_DTYPE_INT64 : KPOOL_DTYPE_INT32, {rows, groups});
     Tensor lens = plan(in, "seq_lens", KPOOL_DTYPE_INT32, {rows});
     Tensor out = plan(in, "out", KPOOL_DTYPE_INT32, {rows, groups * P + P - 1});
-    if (in.chance(16) && rows > 1) out.strides[0] = in.range<int64_t>(1, std::max<int64_t>(out.shape[1], 1));  // overlapping rows
-    const bool overlapping = rows > 1 && out.shape[1] > 1 && out.strides[0] < out.shape[1];
+    const bool overlapping = overlapping_out_rows(in, out);
     const bool tampered = maybe_tamper(in, {&pool_ids, &lens, &out});
-    for (Tensor *t : {&pool_ids, &lens, &out}) {
-        if (!t->allocate(in)) return 0;
-    }
+    if (!allocate_all(in, {&pool_ids, &lens, &out})) return 0;
     write_ints(pool_ids, ids);
     write_ints(lens, seq_lens);
-    const CallOptions opts(in, PoolOp::kNo);
+    CallOptions opts(in, PoolOp::kNo);
     note("P %d pool_size %d bound %d", P, pool_size, bound);
 
     bool negative = false;
@@ -54,10 +51,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     const Snapshot before({&pool_ids, &lens, &out});
     Tensor want = out;
-    kpool_status st;
-    std::memset(&st, 0x5A, sizeof st);
-    const kpool_status_code rc = kpool_expand_pools_and_append_tail(Desc(pool_ids)(), Desc(lens)(), Desc(out)(), pool_size,
+    kpool_status st = poisoned_status();
+    CallMemory mem({&pool_ids, &lens, &out});
+    const kpool_status_code rc = kpool_expand_pools_and_append_tail(mem(pool_ids), mem(lens), mem(out), pool_size,
                                                                     bound, opts.ex(), opts.with_status ? &st : nullptr);
+    mem.finish();
     if (!settle(rc, st, opts, op, before, must_fail, !tampered && !hostile && !negative && !overlapping)) return 0;
 
     check_bytes(pool_ids, before.of(pool_ids), op, "an input changed");

@@ -9,7 +9,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Input in(data, size);
     const char *op = "kpool_expand_pools_to_tokens";
     auto [P, pool_size, hostile] = pool_size_choice(in);
-    const int64_t rows = in.range<int64_t>(1, 8) - (in.chance(12) ? 1 : 0);
+    const int64_t rows = count_value(in, 8, 12);
     const int64_t groups = in.range<int64_t>(0, 12);
     int32_t topk = int32_t(groups * P);
     if (in.chance(12)) {
@@ -28,18 +28,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Tensor group_valid = plan(in, "group_valid", in.flag() ? KPOOL_DTYPE_BOOL : KPOOL_DTYPE_UINT8, {rows, groups});
     TokenMap map(in, rows);
     Tensor out = plan(in, "out", KPOOL_DTYPE_INT32, {rows, groups * P});
-    if (in.chance(16) && rows > 1) out.strides[0] = in.range<int64_t>(1, std::max<int64_t>(out.shape[1], 1));
-    const bool overlapping = rows > 1 && out.shape[1] > 1 && out.strides[0] < out.shape[1];
+    const bool overlapping = overlapping_out_rows(in, out);
     std::vector<Tensor *> tamperable{&group_ids, &group_valid, &out};
     for (Tensor *t : map.present()) tamperable.push_back(t);
     const bool tampered = maybe_tamper(in, tamperable);
-    for (Tensor *t : {&group_ids, &group_valid, &map.page_table, &map.offsets, &out}) {
-        if (!t->allocate(in)) return 0;
-    }
+    if (!allocate_all(in, {&group_ids, &group_valid, &map.page_table, &map.offsets, &out})) return 0;
     write_ints(group_ids, ids);
     write_ints(group_valid, valid);
     map.fill(in);
-    const CallOptions opts(in, PoolOp::kNo);
+    CallOptions opts(in, PoolOp::kNo);
     note("P %d pool_size %d topk %d", P, pool_size, topk);
 
     const char *must_fail = first_reason({
@@ -53,11 +50,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     const Snapshot before({&group_ids, &group_valid, &map.page_table, &map.offsets, &out});
     Tensor want = out;
-    kpool_status st;
-    std::memset(&st, 0x5A, sizeof st);
-    const kpool_status_code rc =
-        kpool_expand_pools_to_tokens(Desc(group_ids)(), Desc(group_valid)(), Desc(map.page_table)(), Desc(map.offsets)(),
-                                     Desc(out)(), topk, pool_size, opts.ex(), opts.with_status ? &st : nullptr);
+    kpool_status st = poisoned_status();
+    CallMemory mem({&group_ids, &group_valid, &map.page_table, &map.offsets, &out});
+    const kpool_status_code rc = kpool_expand_pools_to_tokens(mem(group_ids), mem(group_valid), mem(map.page_table), mem(map.offsets),
+                                     mem(out), topk, pool_size, opts.ex(), opts.with_status ? &st : nullptr);
+    mem.finish();
     const bool clean = !tampered && !hostile && !overlapping && !(map.has_table && map.has_offsets) &&
                        !(map.has_table && map.page_table.shape[1] == 0);
     if (!settle(rc, st, opts, op, before, must_fail, clean)) return 0;

@@ -12,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     hostile = hostile || head_dim != kD;
     int64_t ring = P * in.range<int64_t>(1, P >= 32 ? 2 : 4);
     if (in.chance(8)) ring += in.flag() ? 1 : -1, hostile = true;  // not a multiple of P (or 0)
-    const int64_t blocks = in.range<int64_t>(1, 8) - (in.chance(8) ? 1 : 0);
+    const int64_t blocks = count_value(in, 8, 8);
     const kpool_dtype tslot_dtype = in.flag() ? KPOOL_DTYPE_INT64 : KPOOL_DTYPE_INT32;
 
     // Requests: consecutive ring slots of one block (distinct blocks mostly,
@@ -39,24 +39,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Tensor gate = plan(in, "gate_score", KPOOL_DTYPE_BFLOAT16, {n, kD});
     Tensor tslot = plan(in, "tslot", tslot_dtype, {n});
     const bool tampered = maybe_tamper(in, {&tail, &key, &gate, &tslot});
-    for (Tensor *t : {&tail, &key, &gate, &tslot}) {
-        if (!t->allocate(in)) return 0;
-    }
+    if (!allocate_all(in, {&tail, &key, &gate, &tslot})) return 0;
     fill_values(in, key, 1.0f, in.chance(24));
     fill_values(in, gate, 2.0f, false);
     write_ints(tslot, slots);
-    const CallOptions opts(in, PoolOp::kNo);
+    CallOptions opts(in, PoolOp::kNo);
     note("P %d pool_size %d head_dim %d ring %lld blocks %lld", P, pool_size, head_dim, (long long)ring, (long long)blocks);
 
     bool out_of_range = false;
     for (int64_t i = 0; i < n; i++) {
         out_of_range = out_of_range || (slots[i] >= 0 && ring > 0 && slots[i] / ring >= blocks);
     }
-    // A block's halves end at strides[1] + RING * 128 (a tampered stride may
-    // not even have such an end: overlapping too).
-    int64_t block_end = 0;
-    const bool overlapping =
-        blocks > 1 && (__builtin_add_overflow(tail.strides[1], ring * kD, &block_end) || tail.strides[0] < block_end);
+    const bool overlapping = tail_blocks_overlap(blocks, tail, ring);
     const char *must_fail = first_reason({
         invalid_alone(tail, {KPOOL_DTYPE_BFLOAT16}),
         invalid_alone(key, {KPOOL_DTYPE_BFLOAT16}),
@@ -65,27 +59,43 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         head_dim != kD ? "head_dim != 128" : nullptr,
         !tampered && (ring < 1 || ring % std::max(pool_size, 1) != 0) ? "RING not a multiple of pool_size" : nullptr,
         !tampered && overlapping ? "overlapping tail blocks" : nullptr,
-        !tampered && out_of_range ? "a tslot outside the tail cache" : nullptr,
+        !tampered && out_of_range && !on_device() ? "a tslot outside the tail cache" : nullptr,
     });
 
     const Snapshot before({&tail, &key, &gate, &tslot});
     Tensor want = tail;
-    kpool_status st;
-    std::memset(&st, 0x5A, sizeof st);
-    const kpool_status_code rc = kpool_seed_tail_cache(Desc(tail)(), Desc(key)(), Desc(gate)(), Desc(tslot)(),
+    kpool_status st = poisoned_status();
+    CallMemory mem({&tail, &key, &gate, &tslot});
+    const kpool_status_code rc = kpool_seed_tail_cache(mem(tail), mem(key), mem(gate), mem(tslot),
                                                        pool_size, head_dim, opts.ex(), opts.with_status ? &st : nullptr);
-    if (!tampered && !hostile && !overlapping && out_of_range && !opts.rejection && rc != KPOOL_OK) {
+    mem.finish();
+    if (!tampered && !hostile && !overlapping && out_of_range && !opts.rejection && rc != KPOOL_OK && !on_device()) {
         KFUZZ_CHECK(rc == KPOOL_ERROR_OUT_OF_RANGE, "%s: a tslot outside the tail gave %s", op, kpool_status_name(rc));
     }
-    if (!settle(rc, st, opts, op, before, must_fail, !tampered && !hostile && !overlapping && !out_of_range)) return 0;
+    const bool valid = !tampered && !hostile && !overlapping;
+    if (!settle(rc, st, opts, op, before, must_fail, valid && (!out_of_range || on_device()))) return 0;
 
     for (Tensor *t : {&key, &gate, &tslot}) check_bytes(*t, before.of(*t), op, "an input changed");
+    const int64_t count = tslot.shape[0], r = tail.shape[2];
+    if (on_device() && out_of_range) {
+        // The device skips the tslots outside the tail (and marks tslot):
+        // the ring slots the others aim at may change, no other byte.
+        if (valid) opts.check_marks(op, {{KPOOL_INDEX_TSLOT, true}});
+        Contested reached;
+        for (int64_t i = 0; i < count; i++) {
+            const int64_t s = tslot.get_int(i);
+            if (s < 0 || s / r >= tail.shape[0]) continue;
+            for (int64_t half = 0; half < 2; half++) reached.anything(tail, tail.byte_offset({s / r, half, s % r, 0}), 2 * kD);
+        }
+        check_bytes_contested(tail, before.of(tail), reached, op, "tail_kv_cache with out-of-range tslots");
+        return 0;
+    }
+    if (valid) opts.check_marks(op, {{KPOOL_INDEX_TSLOT, false}});
     {
         const kpool_tensor w = want.desc(), k = key.desc(), g = gate.desc(), ts = tslot.desc();
         kpool_ref::seed_tail_cache(&w, &k, &g, &ts, pool_size, head_dim);
     }
     // Ring slots that several tokens seed: any one token's bytes per byte.
-    const int64_t count = tslot.shape[0], r = tail.shape[2];
     std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> writers;
     for (int64_t i = 0; i < count; i++) {
         const int64_t s = tslot.get_int(i);

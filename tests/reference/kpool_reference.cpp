@@ -100,6 +100,12 @@ QuantizedRow rotate_and_quantize(const Row &x, bool round_scale) {
     return out;
 }
 
+// SPEC step 4, "Non-finite values": the reference's max and min (PTX
+// max.f32 / min.f32) give the other operand when one is NaN. (std::max and
+// std::min do not: they return their first operand when either is NaN.)
+float max_ignoring_nan(float a, float b) { return std::isnan(a) ? b : std::isnan(b) ? a : std::max(a, b); }
+float min_ignoring_nan(float a, float b) { return std::isnan(a) ? b : std::isnan(b) ? a : std::min(a, b); }
+
 // SPEC item 5 over the P slots of one pool; k[j], score[j] are slot j's f32
 // values, ape is f32 [P, 128].
 Row softmax_pool(const std::vector<Row> &k, const std::vector<Row> &score,
@@ -111,7 +117,7 @@ Row softmax_pool(const std::vector<Row> &k, const std::vector<Row> &score,
         float max_biased = -std::numeric_limits<float>::infinity();
         for (int j = 0; j < pool_size; ++j) {
             biased[j] = score[j][d] + load<float>(ape, offset_of(ape, {j, d}));
-            max_biased = std::max(max_biased, biased[j]);
+            max_biased = max_ignoring_nan(max_biased, biased[j]);
         }
         float weighted_sum = 0.0f;
         float weight_sum = 0.0f;
@@ -237,7 +243,8 @@ uint8_t e4m3_encode(float value) {
 }
 
 float ue8m0_scale(float m) {
-    assert(m > 0.0f && std::isnormal(m));
+    // An infinite absmax gives m = inf, and its scale is inf (exponent 255).
+    assert(m > 0.0f && (std::isnormal(m) || std::isinf(m)));
     const uint32_t bits = bits_of(m);
     uint32_t exponent_field = bits >> 23;
     // Any mantissa bit set means m is above 2^exponent: round up to the next power.
@@ -247,15 +254,15 @@ float ue8m0_scale(float m) {
 
 float fp8_scale(const Row &x, bool round_scale) {
     float absmax = 0.0f;
-    for (float v : x) absmax = std::max(absmax, std::fabs(v));
-    absmax = std::max(absmax, kAbsmaxFloor);
+    for (float v : x) absmax = max_ignoring_nan(absmax, std::fabs(v));
+    absmax = max_ignoring_nan(absmax, kAbsmaxFloor);
     const float m = absmax * kInvFp8Max;
     return round_scale ? ue8m0_scale(m) : m;
 }
 
 uint8_t fp8_quantize(float x, float scale) {
     const float scaled = x / scale;
-    return e4m3_encode(std::min(std::max(scaled, -kFp8Max), kFp8Max));
+    return e4m3_encode(min_ignoring_nan(max_ignoring_nan(scaled, -kFp8Max), kFp8Max));
 }
 
 // glibc's double exp is accurate to under one double ulp (2^-29 of an f32

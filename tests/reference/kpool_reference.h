@@ -42,12 +42,15 @@ float e4m3_to_f32(uint8_t code);
 // this); NaN gives 0x7F with the sign of the input.
 uint8_t e4m3_encode(float value);
 
-// 2^ceil(log2(m)) for a positive normal f32 m, exactly, from its bits.
+// 2^ceil(log2(m)) for a positive normal f32 m, exactly, from its bits
+// (inf for m = inf).
 float ue8m0_scale(float m);
 // The per-row fp8 scale of SPEC item 3: absmax clamped to 1e-4, times 1/448,
-// then ue8m0_scale when round_scale.
+// then ue8m0_scale when round_scale. Both maxes ignore NaN (SPEC step 4): a
+// NaN element never raises the absmax, a row of NaN only has absmax 1e-4.
 float fp8_scale(const Row &x, bool round_scale);
-// SPEC item 4: clamp(x / scale, -448, 448), then e4m3_encode.
+// SPEC item 4: min(max(x / scale, -448), 448), then e4m3_encode; the max and
+// min ignore NaN, so a NaN quotient becomes -448 (code 0xFE).
 uint8_t fp8_quantize(float x, float scale);
 
 // Correctly rounded f32 exp.
