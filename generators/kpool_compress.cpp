@@ -123,11 +123,7 @@ public:
         s.compress = define_compress(s);
         const Fp8Row &quant = s.compress.rotate.quant;
         compressed(s.d, s.pool) = Tuple(quant.codes(s.d, s.pool), quant.scale(s.d, s.pool));
-        // Both views share the first's bounds; the scales' d stride is 0.
-        std::vector<OutputImageParam> views = Func(compressed).output_buffers();
-        views[0].dim(0).set_bounds(0, kHeadDim);
-        views[0].dim(1).set_min(0);
-        views[1].dim(0).set_stride(0);
+        constrain_row_views(Func(compressed).output_buffers(), kHeadDim);
     }
 
     void schedule() {

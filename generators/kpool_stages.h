@@ -73,6 +73,11 @@ struct FwhtStages {
     RotateQuant rotate;
     Func out;  // Tuple(codes, scale) over (d, row), or (word, row) when codes_per_word > 1
     int codes_per_word = 1;
+    // The words kernel: each lane's runs of the input row as 32-bit words of
+    // two bf16, (pair, run_index, lane, row), that lane's pair-th word of its
+    // run_index-th run; a schedule loads a lane's run in wide vector loads.
+    Func lane_pairs;
+    Var pair{"pair"}, run_index{"run_index"};
 };
 
 // Softmax-pool compress of n pools, written to the cache (the output's

@@ -14,7 +14,7 @@ namespace kpool::rt {
 
 enum class Kernel {
     FWHT,
-    FWHT_WORDS,  // CUDA: rows of 8-byte words in, 4-byte words out
+    FWHT_WORDS,  // CUDA: 16-byte-aligned rows of bf16 pairs in, 8-byte words of codes out
     COMPRESS_TO_CACHE,
     COMPRESS_TO_ROWS,
     SEED_TAIL,

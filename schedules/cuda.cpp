@@ -55,10 +55,9 @@ struct CudaPlan {
     // index computation for more elements), more registers per lane.
     int fwht_values;
     // fwht's lanes hold runs of this many consecutive elements (RowLayout):
-    // 4, one 8-byte word of bf16 in and one 4-byte word of codes out per
-    // run in the words kernel; 1, a warp's loads of each v contiguous. (The
-    // softmax kernels keep a lane's elements consecutive: their pool's per-d
-    // stages are bounded per lane.)
+    // 8 or more, each 8 of a run one 16-byte load of bf16 and one 8-byte
+    // store of codes in the words kernel. (The softmax kernels keep a lane's
+    // elements consecutive: their pool's per-d stages are bounded per lane.)
     int fwht_run;
     int fwht_row_threads;        // threads per block of the fwht kernels
     int compress_row_threads;    // threads per block of the compress kernels
@@ -163,11 +162,29 @@ RowLayout row_layout(const BuildPlan &build, const KernelAsked &kernel) {
     return RowLayout{values, /*partner_by_index=*/true, run};
 }
 
+// The words kernel loads a lane's runs itself (lane_pairs, per lane, inside
+// the lane loop of the rotation's input): each run of 8 bf16 is 4 words at a
+// 16-byte-aligned index, which Halide's PTX backend emits as one 128-bit
+// load (ld.global.v2.u64) when the index is known to be a multiple of 4
+// words (the generator's stride constraint); its 8 codes are one 64-bit
+// store. (A vector load of a Func striped over the lanes themselves fails
+// the warp shuffle pass: lane_pairs is the lane's own registers.) sm_90 SASS
+// per thread (ptxas --maxrregcount 128), 4 lanes x 32 values, runs of 8:
+// 936 instructions, loads 16 B x 4, stores 8 B x 4 and 4 B x 1 (the scale),
+// 63 registers; with runs of 4 words it was 936, 8 B x 8, 4 B x 9, 60 (the
+// hand kernel: 832, 16 B x 4, 8 B x 4 and 4 B x 1).
 void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
     Var ri{"row_in_block"};
     rows_in_lanes(s.out, s.codes_per_word > 1 ? s.word : s.d, s.row, s.lane, s.layout,
                   plan_for(build).fwht_row_threads, ri, s.codes_per_word);
     compute_row_in_warp(s.rotate, s.v, s.lane, LoopLevel(s.out, ri));
+    if (s.lane_pairs.defined()) {
+        constexpr int kLoadWords = 4;  // 16 bytes of 32-bit words
+        s.lane_pairs.compute_at(s.rotate.rotation.stages[0], s.lane)
+            .store_in(MemoryType::Register)
+            .vectorize(s.pair, kLoadWords)
+            .unroll(s.run_index);
+    }
 }
 
 // The softmax pool is elementwise in d: each lane pools its own V elements
