@@ -80,11 +80,21 @@ struct FwhtStages {
     Var pair{"pair"}, run_index{"run_index"};
 };
 
+// What compress's schedules may specialize on.
+struct CompressConditions {
+    // Every input's rows start 16-byte aligned: the caller's
+    // data (checked by the runtime, the aligned_data input) and the strides
+    // (checked in the kernel). Wide vector accesses need it.
+    Expr aligned;
+    Expr round_scale;  // the quotient multiplies by the scale's exact reciprocal: no division
+};
+
 // Softmax-pool compress of n pools, written to the cache (the output's
 // update over `write`: (d, pool)) or returned as rows.
 struct CompressToCacheStages {
     Var d{"d"}, j{"j"}, pool{"pool"}, v{"v"}, lane{"lane"};
     RowLayout layout;
+    CompressConditions conditions;
     CompressPool compress;
     Func cache;
     RDom write;
@@ -92,6 +102,7 @@ struct CompressToCacheStages {
 struct CompressToRowsStages {
     Var d{"d"}, j{"j"}, pool{"pool"}, v{"v"}, lane{"lane"};
     RowLayout layout;
+    CompressConditions conditions;
     CompressPool compress;
     Func out;  // Tuple(codes, scale) over (d, pool)
 };

@@ -55,6 +55,8 @@ bool rows_fit_words(const TensorArg &a, int64_t bytes) {
     return reinterpret_cast<uintptr_t>(a.t->data) % bytes == 0 && row_bytes % bytes == 0;
 }
 
+bool starts_16_byte_aligned(const TensorArg &a) { return reinterpret_cast<uintptr_t>(a.t->data) % 16 == 0; }
+
 HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes) {
     const int64_t per_word = word_bytes / element_bytes(a.t->dtype);
     const halide_type_t word = word_bytes == 8 ? halide_type_of<uint64_t>() : halide_type_of<uint32_t>();

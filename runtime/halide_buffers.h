@@ -27,6 +27,8 @@ CacheViews wrap_kv_cache(const TensorArg &kv_cache);
 // and the tensor (inner-contiguous) as (word, row) words of `word_bytes`
 // bytes (4 or 8): the words kernels load and store whole aligned words.
 bool rows_fit_words(const TensorArg &a, int64_t bytes);
+// Whether a tensor's data starts 16-byte aligned.
+bool starts_16_byte_aligned(const TensorArg &a);
 HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes);
 
 // Per-row f32 scales ([rows] or [rows, 1]) as (x, row) with x stride 0 and
