@@ -69,10 +69,15 @@ Partner partner(Expr i, int bit, int extent, bool by_index) {
 
 Hadamard128 hadamard128(Func x, const Var &v, const Var &lane, const std::vector<Var> &rows,
                         const RowLayout &layout) {
-    const int V = layout.values_per_lane, L = layout.lanes();
-    Hadamard128 h;
     Func input{"hadamard_input"};
     input(lane_args(v, lane, rows)) = x(with_first(layout.element(v, lane), rows));
+    return hadamard128_of_lanes(input, v, lane, rows, layout);
+}
+
+Hadamard128 hadamard128_of_lanes(Func input, const Var &v, const Var &lane, const std::vector<Var> &rows,
+                                 const RowLayout &layout) {
+    const int V = layout.values_per_lane, L = layout.lanes();
+    Hadamard128 h;
     h.stages.push_back(input);
     for (int stride = 1; stride < kHeadDim; stride *= 2) {
         Func prev = h.stages.back();
@@ -144,16 +149,34 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
     return q;
 }
 
-RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &lane,
-                            const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale,
-                            const PoolArithmetic &arith, E4m3Encoder encoder) {
+namespace {
+
+RotateQuant rotate_quantize_rotation(Func input, Hadamard128 rotation, const Var &d, const Var &v, const Var &lane,
+                                     const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale,
+                                     const PoolArithmetic &arith, E4m3Encoder encoder) {
     RotateQuant r;
-    r.input = x_f32;
-    r.rotation = hadamard128(x_f32, v, lane, rows, layout);
+    r.input = input;
+    r.rotation = std::move(rotation);
     r.rotated = Func{"rotated_bf16"};
     r.rotated(lane_args(v, lane, rows)) = round_to_bf16(r.rotation.output(with_two(v, lane, rows)));
     r.quant = quantize_fp8_row(r.rotated, d, v, lane, rows, layout, round_scale, arith, encoder);
     return r;
+}
+
+}  // namespace
+
+RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &lane,
+                            const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale,
+                            const PoolArithmetic &arith, E4m3Encoder encoder) {
+    return rotate_quantize_rotation(x_f32, hadamard128(x_f32, v, lane, rows, layout), d, v, lane, rows, layout,
+                                    round_scale, arith, encoder);
+}
+
+RotateQuant rotate_quantize_lanes(Func x_lanes, const Var &d, const Var &v, const Var &lane,
+                                  const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale,
+                                  const PoolArithmetic &arith, E4m3Encoder encoder) {
+    return rotate_quantize_rotation(x_lanes, hadamard128_of_lanes(x_lanes, v, lane, rows, layout), d, v, lane, rows,
+                                    layout, round_scale, arith, encoder);
 }
 
 SoftmaxPool softmax_pool(Func key, Func score, Func ape, int pool_size, const Var &d,
@@ -221,6 +244,12 @@ void constrain_cache_views(std::vector<OutputImageParam> &views) {
     views[0].dim(2).set_min(0);
     views[1].dim(0).set_stride(0);
     views[1].dim(1).set_stride(1);
+}
+
+void constrain_row_views(std::vector<OutputImageParam> views, int extent) {
+    views[0].dim(0).set_bounds(0, extent);
+    views[0].dim(1).set_min(0);
+    views[1].dim(0).set_stride(0);
 }
 
 TailSlot tail_slot(Expr tslot, Expr ring, Expr num_blocks) {

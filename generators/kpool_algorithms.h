@@ -55,6 +55,10 @@ struct Hadamard128 {
 };
 Hadamard128 hadamard128(Func x, const Var &v, const Var &lane, const std::vector<Var> &rows,
                         const RowLayout &layout);
+// The same from an input already spread over lanes: input(v, lane, rows...)
+// is element layout.element(v, lane) (it becomes stages[0]).
+Hadamard128 hadamard128_of_lanes(Func input, const Var &v, const Var &lane, const std::vector<Var> &rows,
+                                 const RowLayout &layout);
 
 // Per-row fp8 quantization of x(v, lane, rows...) (already rounded to bf16).
 // absmax is a max over each lane's values, then a butterfly over lanes after
@@ -77,7 +81,7 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
 
 // bf16 row -> Hadamard-128 -> bf16 -> fp8: fwht128_quant_fp8 per row.
 struct RotateQuant {
-    Func input;  // f32 of the bf16 input row, (d, rows...)
+    Func input;  // f32 of the bf16 input row, (d, rows...), or (v, lane, rows...) from rotate_quantize_lanes
     Hadamard128 rotation;
     Func rotated;  // rounded to bf16, (v, lane, rows...)
     Fp8Row quant;
@@ -85,6 +89,11 @@ struct RotateQuant {
 RotateQuant rotate_quantize(Func x_f32, const Var &d, const Var &v, const Var &lane,
                             const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale,
                             const PoolArithmetic &arith, E4m3Encoder encoder);
+// The same from x_lanes(v, lane, rows...), the f32 row already spread over
+// lanes (a kernel that loads each lane's runs itself).
+RotateQuant rotate_quantize_lanes(Func x_lanes, const Var &d, const Var &v, const Var &lane,
+                                  const std::vector<Var> &rows, const RowLayout &layout, Expr round_scale,
+                                  const PoolArithmetic &arith, E4m3Encoder encoder);
 
 // Softmax pooling of P slots, per dim d:
 //   s_j = score_j + ape_j, m = max_j s_j, p_j = exp(s_j - m),
@@ -128,6 +137,11 @@ struct CacheSlot {
 CacheSlot cache_slot(Expr loc, Expr page_size, Expr num_pages);
 // The views' shape: 128 codes per slot, one scale per slot broadcast over d.
 void constrain_cache_views(std::vector<Halide::OutputImageParam> &views);
+// A (codes, scale) row output's views (fwht's rows, compress's returned
+// rows): the scales view shares the codes view's bounds, `extent` codes or
+// words of codes per row from 0, and its first stride is 0 (the caller's
+// [rows, 1] scales).
+void constrain_row_views(std::vector<Halide::OutputImageParam> views, int extent);
 
 // Tail ring addressing: tslot = block * ring + position in ring.
 struct TailSlot {

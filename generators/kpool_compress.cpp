@@ -34,6 +34,8 @@ public:
     GeneratorInput<Buffer<void, 3>> slot_score{"slot_score"};
     GeneratorInput<Buffer<float, 2>> ape{"ape"};  // (d, j)
     GeneratorInput<bool> round_scale{"round_scale"};
+    // The runtime found every tensor's data 16-byte aligned (CompressLoads::aligned).
+    GeneratorInput<bool> aligned_data{"aligned_data"};
 
 protected:
     // The inputs' estimates; true where an autoscheduler schedules instead.
@@ -43,7 +45,20 @@ protected:
         slot_score.set_estimates({{0, kHeadDim}, {0, pool_size}, {0, kPools}});
         ape.set_estimates({{0, kHeadDim}, {0, pool_size}});
         round_scale.set_estimate(true);
+        aligned_data.set_estimate(true);
         return this->using_autoscheduler();
+    }
+
+    // What the schedules specialize on: whether every row of the inputs
+    // starts 16-byte aligned (aligned_data: the runtime checked the data).
+    CompressConditions conditions() {
+        auto rows_of_16_bytes = [](const Expr &stride, const Type &t) { return stride % (16 / t.bytes()) == 0; };
+        Expr aligned = aligned_data && rows_of_16_bytes(slot_k.dim(1).stride(), UInt(16)) &&
+                       rows_of_16_bytes(slot_k.dim(2).stride(), UInt(16)) &&
+                       rows_of_16_bytes(slot_score.dim(1).stride(), slot_score.type()) &&
+                       rows_of_16_bytes(slot_score.dim(2).stride(), slot_score.type()) &&
+                       rows_of_16_bytes(ape.dim(1).stride(), Float(32));
+        return {aligned, round_scale};
     }
 
     template <typename Stages>
@@ -74,10 +89,11 @@ public:
 
     void generate() {
         CompressToCacheStages &s = stages;
+        s.conditions = conditions();
+        std::vector<OutputImageParam> views = Func(cache).output_buffers();
         s.compress = define_compress(s);
         const Fp8Row &quant = s.compress.rotate.quant;
 
-        std::vector<OutputImageParam> views = Func(cache).output_buffers();
         Expr page_size = views[0].dim(1).extent(), num_pages = views[0].dim(2).extent();
         // Only the targeted rows change: the rest of the cache is left as is.
         Var d{"d"}, token{"token"}, page{"page"};
@@ -122,14 +138,11 @@ public:
 
     void generate() {
         CompressToRowsStages &s = stages;
+        s.conditions = conditions();
         s.compress = define_compress(s);
         const Fp8Row &quant = s.compress.rotate.quant;
         compressed(s.d, s.pool) = Tuple(quant.codes(s.d, s.pool), quant.scale(s.d, s.pool));
-        // Both views share the first's bounds; the scales' d stride is 0.
-        std::vector<OutputImageParam> views = Func(compressed).output_buffers();
-        views[0].dim(0).set_bounds(0, kHeadDim);
-        views[0].dim(1).set_min(0);
-        views[1].dim(0).set_stride(0);
+        constrain_row_views(Func(compressed).output_buffers(), kHeadDim);
     }
 
     void schedule() {

@@ -101,6 +101,20 @@ struct FwhtStages {
     RotateQuant rotate;
     Func out;  // Tuple(codes, scale) over (d, row), or (word, row) when codes_per_word > 1
     int codes_per_word = 1;
+    // The words kernel: each lane's runs of the input row as 32-bit words of
+    // two bf16, (pair, run_index, lane, row), that lane's pair-th word of its
+    // run_index-th run; a schedule loads a lane's run in wide vector loads.
+    Func lane_pairs;
+    Var pair{"pair"}, run_index{"run_index"};
+};
+
+// What compress's schedules may specialize on.
+struct CompressConditions {
+    // Every input's rows start 16-byte aligned: the caller's
+    // data (checked by the runtime, the aligned_data input) and the strides
+    // (checked in the kernel). Wide vector accesses need it.
+    Expr aligned;
+    Expr round_scale;  // the quotient multiplies by the scale's exact reciprocal: no division
 };
 
 // Softmax-pool compress of n pools, written to the cache (the output's
@@ -108,6 +122,7 @@ struct FwhtStages {
 struct CompressToCacheStages {
     Var d{"d"}, j{"j"}, pool{"pool"}, v{"v"}, lane{"lane"};
     RowLayout layout;
+    CompressConditions conditions;
     CompressPool compress;
     Func cache;
     RDom write;
@@ -115,6 +130,7 @@ struct CompressToCacheStages {
 struct CompressToRowsStages {
     Var d{"d"}, j{"j"}, pool{"pool"}, v{"v"}, lane{"lane"};
     RowLayout layout;
+    CompressConditions conditions;
     CompressPool compress;
     Func out;  // Tuple(codes, scale) over (d, pool)
 };

@@ -14,7 +14,7 @@ namespace kpool::rt {
 
 enum class Kernel {
     FWHT,
-    FWHT_WORDS,  // CUDA: rows of 8-byte words in, 4-byte words out
+    FWHT_WORDS,  // CUDA: 16-byte-aligned rows of bf16 pairs in, 8-byte words of codes out
     COMPRESS_TO_CACHE,
     COMPRESS_TO_ROWS,
     SEED_TAIL,
@@ -65,9 +65,9 @@ using Buf = halide_buffer_t *;
 KPOOL_SIGNATURE(FWHT, Buf, Buf, Buf)
 KPOOL_SIGNATURE(FWHT_WORDS, Buf, Buf, Buf)
 // (slot_k, slot_score, ape, round_scale, loc, write_mask, cache codes, cache scales)
-KPOOL_SIGNATURE(COMPRESS_TO_CACHE, Buf, Buf, Buf, bool, Buf, Buf, Buf, Buf)
+KPOOL_SIGNATURE(COMPRESS_TO_CACHE, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
 // (slot_k, slot_score, ape, round_scale, codes, scales)
-KPOOL_SIGNATURE(COMPRESS_TO_ROWS, Buf, Buf, Buf, bool, Buf, Buf)
+KPOOL_SIGNATURE(COMPRESS_TO_ROWS, Buf, Buf, Buf, bool, bool, Buf, Buf)
 // (key, gate_score, tslot, pool_size, tail)
 KPOOL_SIGNATURE(SEED_TAIL, Buf, Buf, Buf, int32_t, Buf)
 // (tail, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,

@@ -50,17 +50,22 @@ CacheViews wrap_kv_cache(const TensorArg &kv_cache) {
     return v;
 }
 
-bool rows_fit_words(const TensorArg &a, int64_t word_bytes) {
+bool rows_fit_words(const TensorArg &a, int64_t bytes) {
     const int64_t row_bytes = a.dim(0) > 1 ? a.stride(0) * element_bytes(a.t->dtype) : 0;
-    return reinterpret_cast<uintptr_t>(a.t->data) % word_bytes == 0 && row_bytes % word_bytes == 0;
+    return reinterpret_cast<uintptr_t>(a.t->data) % bytes == 0 && row_bytes % bytes == 0;
 }
+
+bool starts_16_byte_aligned(const TensorArg &a) { return reinterpret_cast<uintptr_t>(a.t->data) % 16 == 0; }
 
 HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes) {
     const int64_t per_word = word_bytes / element_bytes(a.t->dtype);
     const halide_type_t word = word_bytes == 8 ? halide_type_of<uint64_t>() : halide_type_of<uint32_t>();
     return make(word, a.t->data,
                 {halide_dimension_t(0, i32(KPOOL_HEAD_DIM / per_word), 1),
-                 halide_dimension_t(0, i32(a.dim(0)), i32(a.dim(0) > 1 ? a.stride(0) / per_word : 1))});
+                 // One row: a row's words, which any alignment of rows the
+                 // kernel asks of the stride divides.
+                 halide_dimension_t(0, i32(a.dim(0)),
+                                    i32(a.dim(0) > 1 ? a.stride(0) / per_word : KPOOL_HEAD_DIM / per_word))});
 }
 
 HalideBuffer wrap_row_scales(const TensorArg &scales, int32_t per_row) {

@@ -23,10 +23,12 @@ struct CacheViews {
 };
 CacheViews wrap_kv_cache(const TensorArg &kv_cache);
 
-// A [rows, 128] tensor (inner-contiguous) as (word, row) words of
-// `word_bytes` bytes, when its data and rows are aligned to them: the words
-// kernels load and store a word at once.
-bool rows_fit_words(const TensorArg &a, int64_t word_bytes);
+// Whether a [rows, 128] tensor's data and rows are aligned to `bytes`;
+// and the tensor (inner-contiguous) as (word, row) words of `word_bytes`
+// bytes (4 or 8): the words kernels load and store whole aligned words.
+bool rows_fit_words(const TensorArg &a, int64_t bytes);
+// Whether a tensor's data starts 16-byte aligned.
+bool starts_16_byte_aligned(const TensorArg &a);
 HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes);
 
 // Per-row f32 scales ([rows] or [rows, 1]) as (x, row) with x stride 0 and

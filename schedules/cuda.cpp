@@ -39,16 +39,15 @@ struct CudaPlan : KnobReader {
     // index computation for more elements), more registers per lane.
     int fwht_values = knob("fwht.values");
     // fwht's lanes hold runs of this many consecutive elements (RowLayout):
-    // 4, one 8-byte word of bf16 in and one 4-byte word of codes out per
-    // run in the words kernel; 1, a warp's loads of each v contiguous. (The
-    // softmax kernels keep a lane's elements consecutive: their pool's per-d
-    // stages are bounded per lane.)
+    // 8 or more, each 8 of a run one 16-byte load of bf16 and one 8-byte
+    // store of codes in the words kernel. (The softmax kernels keep a lane's
+    // elements consecutive: their pool's per-d stages are bounded per lane.)
     int fwht_run = knob("fwht.run");
-    int fwht_row_threads = knob("fwht.row_threads");                // threads per block of the fwht kernels
-    int compress_row_threads = knob("compress.row_threads");        // threads per block of the compress kernels
-    int compress_values = knob("compress.exact_values");            // exact arithmetic (slot loops kept)
-    int compress_triton_values = knob("compress.triton_values");    // slot loops unrolled: P x V weights live
-    int decode_values = knob("decode.values");                      // latency-bound: more lanes per token
+    int fwht_row_threads = knob("fwht.row_threads");              // threads per block of the fwht kernels
+    int compress_row_threads = knob("compress.row_threads");      // threads per block of the compress kernels
+    int compress_values = knob("compress.exact_values");          // exact arithmetic (slot loops kept)
+    int compress_triton_values = knob("compress.triton_values");  // slot loops unrolled: P x V weights live
+    int decode_values = knob("decode.values");                    // latency-bound: more lanes per token
     // Decode in the exact arithmetic pools each element of a completion on a
     // thread of its own rather than V per lane: the f64 exps make the pool
     // the longest chain. (The triton arithmetic's pool is short: there the
@@ -151,11 +150,61 @@ RowLayout row_layout(const BuildPlan &build, const KernelAsked &kernel) {
     return RowLayout{values, /*partner_by_index=*/true, run};
 }
 
+// The words kernel loads a lane's runs itself (lane_pairs, per lane, inside
+// the lane loop of the rotation's input): each run of 8 bf16 is 4 words at a
+// 16-byte-aligned index, which Halide's PTX backend emits as one 128-bit
+// load (ld.global.v2.u64) when the index is known to be a multiple of 4
+// words (the generator's stride constraint); its 8 codes are one 64-bit
+// store. (A vector load of a Func striped over the lanes themselves fails
+// the warp shuffle pass: lane_pairs is the lane's own registers.) sm_90 SASS
+// per thread (ptxas --maxrregcount 128), 4 lanes x 32 values, runs of 8:
+// 936 instructions, loads 16 B x 4, stores 8 B x 4 and 4 B x 1 (the scale),
+// 63 registers; with runs of 4 words it was 936, 8 B x 8, 4 B x 9, 60 (the
+// hand kernel: 832, 16 B x 4, 8 B x 4 and 4 B x 1).
 void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
     Var ri{"row_in_block"};
     rows_in_lanes(s.out, s.codes_per_word > 1 ? s.word : s.d, s.row, s.lane, s.layout,
                   plan_for(build).fwht_row_threads, ri, s.codes_per_word);
     compute_row_in_warp(s.rotate, s.v, s.lane, LoopLevel(s.out, ri));
+    if (s.lane_pairs.defined()) {
+        constexpr int kLoadWords = 4;  // 16 bytes of 32-bit words
+        s.lane_pairs.compute_at(s.rotate.rotation.stages[0], s.lane)
+            .store_in(MemoryType::Register)
+            .vectorize(s.pair, kLoadWords)
+            .unroll(s.run_index);
+    }
+}
+
+// A lane's V consecutive logits (score + ape) of a slot computed together
+// in the lane's own registers (a vector load of a Func striped over the
+// lanes fails the warp shuffle pass): where the rows are aligned
+// (CompressConditions::aligned) as vectors of 4, so 4 ape f32 are one 16-byte
+// load (Halide's PTX backend loads 4 aligned 32-bit lanes as one 128-bit
+// value); elsewhere element by element. With the slots unrolled, every
+// slot's logits are computed once per lane for both folds, so each score is
+// read once; with slot loops (the exact arithmetic), the sum's fold reads
+// them anew (P x V logits do not fit the registers). bf16 keys and scores
+// stay 2-byte loads: LLVM (VectorCombine) scalarizes a 4 x 16-bit vector
+// load whose lanes are used one by one; only the 128-bit form survives.
+// sm_90 SASS per thread (ptxas --maxrregcount 128), bf16 scores, before ->
+// the aligned round_scale kernel: P=4 triton 952 -> 920 instructions, ape
+// 4 B x 16 -> 16 B x 4, 64 registers; P=16 triton 1800 -> 1808, 4 B x 64 ->
+// 16 B x 16, 110 -> 128 registers (no spills); exact P=4 2336 -> 1840, P=16
+// 2352 -> 1856 (the weights' ape 16 B x 2 per slot loop, the max's 4 B).
+void load_lane_logits(CompressPool &c, const CompressConditions &conditions, const Var &d, const Var &lane,
+                      bool unroll_slots) {
+    SoftmaxPool &p = c.pool;
+    constexpr int kVectorLanes = 4;  // 16 bytes of f32
+    Var di{"d_in_vector"};
+    Func logits = unroll_slots ? p.logit : p.logit.in(p.weight);
+    if (unroll_slots) {
+        logits.compute_at(c.pooled_bf16, lane).unroll(p.logit.args()[1]);
+    } else {
+        logits.compute_at(p.weighted_sum, p.slot);
+    }
+    logits.store_in(MemoryType::Register).split(d, d, di, kVectorLanes).unroll(d);
+    logits.specialize(conditions.aligned).vectorize(di);
+    logits.unroll(di);
 }
 
 // The softmax pool is elementwise in d: each lane pools its own V elements
@@ -167,7 +216,7 @@ void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
 // stalls were instruction fetch, compress of 262144 pools of 16 took 5.2 ms;
 // 2.1 ms as loops). The triton arithmetic's exp is one instruction.
 void compute_pool_in_warp(CompressPool &c, const RowLayout &layout, const Var &d, const Var &v, const Var &lane,
-                          LoopLevel at, bool unroll_slots) {
+                          LoopLevel at, bool unroll_slots, const CompressConditions *conditions = nullptr) {
     c.pooled_bf16.compute_at(at)
         .split(d, lane, v, layout.values_per_lane)
         .gpu_lanes(lane)
@@ -190,6 +239,19 @@ void compute_pool_in_warp(CompressPool &c, const RowLayout &layout, const Var &d
     // into each (an exp's branch is not merged by common-subexpression passes).
     p.weight.compute_at(p.weighted_sum, p.slot).unroll(d).store_in(MemoryType::Register);
     compute_row_in_warp(c.rotate, v, lane, at);
+    if (conditions) {
+        load_lane_logits(c, *conditions, d, lane, unroll_slots);
+    }
+}
+
+// Compress as three kernels: aligned rows with and without round_scale
+// (wide loads; under round_scale the quotient multiplies by the scale's
+// exact reciprocal, no division and no select), and any rows (element loads,
+// round_scale selected).
+template <typename StageOrFunc>
+void specialize_compress(StageOrFunc stage, const CompressConditions &conditions) {
+    stage.specialize(conditions.aligned && conditions.round_scale);
+    stage.specialize(conditions.aligned);
 }
 
 void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build) {
@@ -207,14 +269,16 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
         .gpu_lanes(lane)
         .unroll(v);
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, pi),
-                         s.compress.pool.arithmetic == Arithmetic::Triton);
+                         s.compress.pool.arithmetic == Arithmetic::Triton, &s.conditions);
+    specialize_compress(s.cache.update(0), s.conditions);
 }
 
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) {
     Var pi{"pool_in_block"};
     rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan_for(build).compress_row_threads, pi);
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi),
-                         s.compress.pool.arithmetic == Arithmetic::Triton);
+                         s.compress.pool.arithmetic == Arithmetic::Triton, &s.conditions);
+    specialize_compress(s.out, s.conditions);
 }
 
 int seed_group_size(const BuildPlan &build) { return plan_for(build).seed_warps_per_block; }

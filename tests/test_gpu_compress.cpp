@@ -66,6 +66,50 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuCompress,
                                     mode_tag(std::get<2>(info.param));
                          });
 
+// Rows that do not start 16 bytes apart (keys and scores 130 elements
+// apart, ape 129) take the CUDA kernel for any rows (element loads, the
+// round_scale choice made per code); contiguous rows (GpuCompress above)
+// take the aligned kernels (4 ape values per 16-byte load). Both are the
+// CPU's bytes, with and without round_scale.
+HostTensor with_row_stride(const HostTensor &t, int64_t row_stride) {
+    std::vector<int64_t> shape = t.shape(), strides(shape.size(), 1);
+    for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
+        strides[i] = (i == static_cast<int>(shape.size()) - 2 ? row_stride : strides[i + 1] * shape[i + 1]);
+    }
+    HostTensor out(t.dtype(), shape, strides);
+    const size_t row_bytes = static_cast<size_t>(shape.back()) * dtype_size(t.dtype());
+    const int64_t rows = t.numel() / shape.back();
+    for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(out.raw() + r * row_stride * dtype_size(t.dtype()),
+                    t.bytes().data() + r * shape.back() * dtype_size(t.dtype()), row_bytes);
+    }
+    return out;
+}
+
+class GpuCompressUnalignedRows : public GpuParamTest<int> {};
+
+TEST_P(GpuCompressUnalignedRows, MatchesCpu) {
+    const int P = GetParam();
+    std::mt19937 rng(4100 + P);
+    const int64_t n = 37, block_size = 64, num_blocks = n / block_size + 2;
+    const CompressInputs in = make_compress_inputs(rng, n, P, KPOOL_DTYPE_BFLOAT16, num_blocks * block_size);
+    Mirrored cache(gpu(), random_bytes_like(rng, make_kv_cache(num_blocks, block_size, false))),
+        slot_k(gpu(), with_row_stride(in.slot_k, kD + 2)), slot_score(gpu(), with_row_stride(in.slot_score, kD + 2)),
+        ape(gpu(), with_row_stride(in.ape, kD + 1)), loc(gpu(), in.loc);
+    for (const bool round_scale : {false, true}) {
+        run_both(
+            [&](Side s, const kpool_exec *ex, kpool_status *st) {
+                return kpool_compress_and_write_cache(cache.on(s), slot_k.on(s), slot_score.on(s), ape.on(s),
+                                                      loc.on(s), nullptr, nullptr, nullptr, P, kD, round_scale,
+                                                      /*write_cache=*/1, ex, st);
+            },
+            {{"kv_cache", &cache}});
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuCompressUnalignedRows, ValuesIn(kGpuPoolSizes),
+                         [](const auto &info) { return "P" + std::to_string(info.param); });
+
 // KPOOL_ARITHMETIC_TRITON: the reference's own instructions, checked bit
 // for bit against the reference itself by the Python side-by-side test
 // (python/tests/test_gpu_side_by_side.py). Here, against the exact CPU

@@ -1,6 +1,6 @@
 // The GPU families' fwht row layouts (RowLayout: lanes x values in runs) and
-// the words form of the kernel (8-byte words of bf16 in, 4-byte words of
-// codes out), built for the CPU from the same generators (CMakeLists.txt,
+// the words form of the kernel (4-byte words of bf16 pairs in, 8-byte words
+// of codes out), built for the CPU from the same generators (CMakeLists.txt,
 // kpool_cpu_fwht*_as_<family>): the algorithm each GPU kernel runs, here
 // byte for byte against the CPU kernel; and an autoscheduled twin. (A schedule cannot change what an
 // algorithm computes; what differs per family is the algorithm's layout.
@@ -80,9 +80,9 @@ Quantized element_kernel(ElementKernel kernel, std::vector<uint16_t> &q) {
 
 Quantized words_kernel(ElementKernel kernel, std::vector<uint16_t> &q) {
     Quantized out;
-    Buffer<uint64_t> in(reinterpret_cast<uint64_t *>(q.data()), kD / 4, kRows);
-    Buffer<uint32_t> codes = codes_view<uint32_t>(out, kD / 4);
-    Buffer<float> scales = scales_view(out, kD / 4);
+    Buffer<uint32_t> in(reinterpret_cast<uint32_t *>(q.data()), kD / 2, kRows);
+    Buffer<uint64_t> codes = codes_view<uint64_t>(out, kD / 8);
+    Buffer<float> scales = scales_view(out, kD / 8);
     EXPECT_EQ(kernel(in, codes, scales), 0);
     return out;
 }

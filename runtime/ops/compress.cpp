@@ -94,6 +94,10 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
     const ElementType score_type = slot_score.t->dtype == KPOOL_DTYPE_FLOAT32 ? ElementType::f32 : ElementType::bf16;
     HalideBuffer key = wrap(slot_k), score = wrap(slot_score), ape_b = wrap(ape);
     where.attach(key), where.attach(score), where.attach(ape_b);
+    // With the strides (the kernel checks them), whether rows start 16-byte
+    // aligned: the CUDA kernels then load 4 f32 at once.
+    const bool aligned_data = starts_16_byte_aligned(slot_k) && starts_16_byte_aligned(slot_score) &&
+                              starts_16_byte_aligned(ape);
     // A cache without slots takes no write (every loc is a sentinel; on a
     // device the kernel would skip them): no kernel on empty views.
     if (write_cache && kv_cache.numel() > 0) {
@@ -103,14 +107,16 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
         }
         CacheViews cache = wrap_kv_cache(kv_cache);
         where.launch<Kernel::COMPRESS_TO_CACHE>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
-                                                ape_b.raw_buffer(), round_scale != 0, where.attach(locs).raw_buffer(),
+                                                ape_b.raw_buffer(), round_scale != 0, aligned_data,
+                                                where.attach(locs).raw_buffer(),
                                                 flags.raw_buffer(), where.attach(cache.codes).raw_buffer(),
                                                 where.attach(cache.scales).raw_buffer());
     }
     if (return_compressed) {
         HalideBuffer codes = wrap(compressed_k), scales = wrap_row_scales(compressed_scale);
         where.launch<Kernel::COMPRESS_TO_ROWS>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
-                                               ape_b.raw_buffer(), round_scale != 0, where.attach(codes).raw_buffer(),
+                                               ape_b.raw_buffer(), round_scale != 0, aligned_data,
+                                               where.attach(codes).raw_buffer(),
                                                where.attach(scales).raw_buffer());
     }
 }

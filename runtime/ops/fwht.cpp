@@ -21,11 +21,12 @@ void fwht128_quant_fp8(const kpool_tensor *q_, const kpool_tensor *q_fp8_, const
     if (q.dim(0) == 0) {
         return;
     }
-    // Rows aligned to words (torch's are) take the words kernel: a
-    // lane's 4 bf16 in one 8-byte load, its 4 codes in one 4-byte store.
-    if (!where.on_host() && rows_fit_words(q, 8) && rows_fit_words(q_fp8, 4)) {
-        HalideBuffer in = wrap_row_words(q, 8), codes = wrap_row_words(q_fp8, 4),
-                     scales = wrap_row_scales(q_scale, KPOOL_HEAD_DIM / 4);
+    // Rows of 16-byte-aligned bf16 and 8-byte-aligned codes (torch's are)
+    // take the words kernel: bf16 pairs as 4-byte words, a lane's run of 8 in
+    // one 16-byte load; 8 codes to an 8-byte word, one store.
+    if (!where.on_host() && rows_fit_words(q, 16) && rows_fit_words(q_fp8, 8)) {
+        HalideBuffer in = wrap_row_words(q, 4), codes = wrap_row_words(q_fp8, 8),
+                     scales = wrap_row_scales(q_scale, KPOOL_HEAD_DIM / 8);
         where.launch<Kernel::FWHT_WORDS>("fwht128_quant_fp8", 0, ElementType::none, where.attach(in).raw_buffer(),
                                          where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
         return;
