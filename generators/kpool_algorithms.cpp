@@ -230,11 +230,51 @@ CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const 
     return c;
 }
 
-CacheSlot cache_slot(Expr loc, Expr page_size, Expr num_pages) {
-    loc = cast<int64_t>(loc);
-    Expr page = cast<int32_t>(clamp(loc / page_size, 0, cast<int64_t>(num_pages) - 1));
-    Expr token = cast<int32_t>(clamp(loc % page_size, 0, cast<int64_t>(page_size) - 1));
-    return {page, token};
+Divisor::Divisor(Expr n_, Kind kind) : n(n_) {
+    is_pow2 = kind == Kind::Pow2        ? Internal::const_true()
+              : kind == Kind::MaybePow2 ? is_power_of_two(n)
+                                        : Internal::const_false();
+    log2 = count_trailing_zeros(n);
+}
+
+Expr Divisor::div(Expr x) const {
+    if (x.type().bits() > 32) {
+        Expr n64 = cast(x.type(), n);
+        return select(is_pow2, x >> cast(x.type(), log2), x / n64);
+    }
+    // Unsigned: no negative-shift or negative-operand case to select.
+    Expr u = cast<uint32_t>(max(x, 0));
+    return cast<int32_t>(select(is_pow2, u >> cast<uint32_t>(log2), u / cast<uint32_t>(n)));
+}
+
+Expr Divisor::mod(Expr x) const {
+    if (x.type().bits() > 32) {
+        Expr n64 = cast(x.type(), n);
+        return select(is_pow2, x & (n64 - 1), x % n64);
+    }
+    Expr u = cast<uint32_t>(max(x, 0));
+    return cast<int32_t>(select(is_pow2, u & (cast<uint32_t>(n) - 1), u % cast<uint32_t>(n)));
+}
+
+CacheSlot cache_slot(Expr loc, const Divisor &page, Expr num_pages) {
+    Expr p = page.div(loc), t = page.mod(loc);
+    Expr page_index = cast<int32_t>(clamp(p, 0, cast(p.type(), num_pages) - 1));
+    Expr token = cast<int32_t>(clamp(t, 0, cast(t.type(), page.n) - 1));
+    return {page_index, token};
+}
+
+void write_cache_rows(Func cache, RDom &write, const std::vector<Expr> &row, Expr loc, Expr writes,
+                      const Fp8Row &quant, const Divisor &page) {
+    std::vector<OutputImageParam> views = cache.output_buffers();
+    Expr num_pages = views[0].dim(2).extent();
+    Expr slots = cast<int64_t>(page.n) * cast<int64_t>(num_pages);
+    write.where(writes && loc >= 0 && cast<int64_t>(loc) < slots);
+    CacheSlot slot = cache_slot(loc, page, num_pages);
+    Expr d = write.x;
+    std::vector<Expr> at{d};
+    at.insert(at.end(), row.begin(), row.end());
+    cache(d, slot.token, slot.page) = Tuple(quant.codes(at), quant.scale(at));
+    constrain_cache_views(views);
 }
 
 void constrain_cache_views(std::vector<OutputImageParam> &views) {

@@ -123,6 +123,26 @@ CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const 
                            const RowLayout &layout, Expr round_scale, const PoolArithmetic &arith,
                            E4m3Encoder encoder);
 
+// x / n and x % n of an x >= 0 by a positive n known only at run time (a
+// ring, a cache page, a pool): floor division, as / and % are in Halide. A
+// 32-bit x divides in unsigned 32-bit (an integer division is a software
+// routine on a GPU, a 64-bit one three times the cost), a 64-bit x in
+// 64-bit. Where n `may_be_pow2`, a select takes shift and mask when it is a
+// power of two, as the engines' rings, pages and pools are: a schedule that
+// specializes on `is_pow2` keeps only the shifts in that kernel (and only the
+// division in the other); where n is known to be a power of two, shifts only.
+struct Divisor {
+    enum class Kind { Any, MaybePow2, Pow2 };
+    Divisor(Expr n, Kind kind);
+    // Shifts where `shifts` holds, which must imply that n is a power of two
+    // (several divisors of one kernel may share one condition to specialize on).
+    Divisor(Expr n, Expr shifts) : n(n), is_pow2(shifts), log2(Halide::count_trailing_zeros(n)) {}
+    static Expr is_power_of_two(Expr n) { return (n & (n - 1)) == 0; }
+    Expr n, is_pow2, log2;
+    Expr div(Expr x) const;
+    Expr mod(Expr x) const;
+};
+
 // Cache addressing (SPEC "Memory layouts"). The kernels see the planar K
 // cache as two views of the same bytes, written together as one Tuple:
 //   codes  (d, token, page): uint8 at page*stride + token*128 + d
@@ -132,9 +152,8 @@ struct CacheSlot {
     Expr page;   // int32
     Expr token;  // int32, slot inside the page
 };
-// loc >= 0 is a flat slot; the clamps only bound the compiler's view,
-// the runtime has already checked loc against the cache.
-CacheSlot cache_slot(Expr loc, Expr page_size, Expr num_pages);
+// loc >= 0 is a flat slot; the clamps only bound the compiler's view.
+CacheSlot cache_slot(Expr loc, const Divisor &page, Expr num_pages);
 // The views' shape: 128 codes per slot, one scale per slot broadcast over d.
 void constrain_cache_views(std::vector<Halide::OutputImageParam> &views);
 // A (codes, scale) row output's views (fwht's rows, compress's returned
@@ -142,6 +161,15 @@ void constrain_cache_views(std::vector<Halide::OutputImageParam> &views);
 // words of codes per row from 0, and its first stride is 0 (the caller's
 // [rows, 1] scales).
 void constrain_row_views(std::vector<Halide::OutputImageParam> views, int extent);
+// The cache-row write of compress and decode: over `write`, whose first
+// variable is d and the rest a row's coordinates `row`, row `row` of `quant`
+// is written to flat cache slot `loc` where `writes` holds. A slot outside
+// the cache writes nothing (device-side indices are not checked on the host;
+// the index check marks them). `cache` is the (codes, scales) Tuple output,
+// its pure definition undef (only the written rows change); `page` divides
+// loc by the page size (views[0].dim(1).extent()).
+void write_cache_rows(Func cache, Halide::RDom &write, const std::vector<Expr> &row, Expr loc, Expr writes,
+                      const Fp8Row &quant, const Divisor &page);
 
 // Tail ring addressing: tslot = block * ring + position in ring.
 struct TailSlot {

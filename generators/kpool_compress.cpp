@@ -90,11 +90,9 @@ public:
     void generate() {
         CompressToCacheStages &s = stages;
         s.conditions = conditions();
-        std::vector<OutputImageParam> views = Func(cache).output_buffers();
         s.compress = define_compress(s);
         const Fp8Row &quant = s.compress.rotate.quant;
 
-        Expr page_size = views[0].dim(1).extent(), num_pages = views[0].dim(2).extent();
         // Only the targeted rows change: the rest of the cache is left as is.
         Var d{"d"}, token{"token"}, page{"page"};
         cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
@@ -102,17 +100,12 @@ public:
         Func locs = BoundaryConditions::constant_exterior(loc, cast<int64_t>(-1));
         Func writes = BoundaryConditions::constant_exterior(write_mask, cast<uint8_t>(0));
         s.write = RDom(0, kHeadDim, 0, slot_k.dim(2).extent(), "write");
-        Expr dim = s.write.x, pool = s.write.y;
-        // Out-of-range locs write nothing: device-side indices are not
-        // checked on the host.
-        Expr slots = cast<int64_t>(page_size) * cast<int64_t>(num_pages);
-        s.write.where(writes(pool) != 0 && locs(pool) >= 0 && locs(pool) < slots);
-        CacheSlot slot = cache_slot(locs(pool), page_size, num_pages);
-        cache(dim, slot.token, slot.page) = Tuple(quant.codes(dim, pool), quant.scale(dim, pool));
+        Expr pool = s.write.y;
+        Divisor page_size(Func(cache).output_buffers()[0].dim(1).extent(), Divisor::Kind::Any);
+        write_cache_rows(cache, s.write, {pool}, locs(pool), writes(pool) != 0, quant, page_size);
 
         loc.dim(0).set_stride(Expr());
         write_mask.dim(0).set_stride(Expr());  // 0 when absent
-        constrain_cache_views(views);
     }
 
     void schedule() {

@@ -17,25 +17,6 @@ using namespace Halide;
 
 namespace {
 
-// x / RING and x % RING of an x >= 0, in unsigned 32-bit (an int64 division
-// is a software routine on a GPU, and so is a 32-bit one, at a third of the
-// cost); by shift and mask when RING is a power of two, as it usually is,
-// once a schedule specializes on `is_pow2`.
-struct Ring {
-    Expr size, is_pow2, log2;
-    explicit Ring(Expr ring)
-        : size(cast<uint32_t>(ring)), is_pow2((ring & (ring - 1)) == 0),
-          log2(cast<uint32_t>(count_trailing_zeros(ring))) {}
-    Expr div(Expr x) const {
-        x = cast<uint32_t>(max(x, 0));
-        return cast<int32_t>(select(is_pow2, x >> log2, x / size));
-    }
-    Expr mod(Expr x) const {
-        x = cast<uint32_t>(max(x, 0));
-        return cast<int32_t>(select(is_pow2, x & (size - 1), x % size));
-    }
-};
-
 // The decode rule for one token (SPEC op 4): it stashes when its position
 // and tail slot are both >= 0, into ring position `position % RING` of block
 // `tail_slot / RING` (the reference recomputes both; it does not take the
@@ -45,13 +26,18 @@ struct DecodeToken {
     Expr block, ring_pos;  // meaningful where `stashes`
 };
 
-DecodeToken decode_token(Func positions, Func tail_slots, Expr t, Expr b, const Ring &ring) {
+DecodeToken decode_token(Func positions, Func tail_slots, Expr t, Expr b, const Divisor &ring) {
     Expr pos = positions(t, b), ts = tail_slots(t, b);
     return {pos, pos >= 0 && ts >= 0, ring.div(ts), ring.mod(pos)};
 }
 
+Expr pow2_ring_and_page(Expr ring, Expr page_size) {
+    return Divisor::is_power_of_two(ring) && Divisor::is_power_of_two(page_size);
+}
+
 // A schedule may round a token loop up past next_n (guarded: those tokens
-// never write); reads clamp the token so bounds stay inside.
+// never write); every per-token input is read through this clamp of its
+// token (the second-to-last dimension), so bounds stay inside.
 Func clamp_token(Func f, Expr next_n) {
     Func g{f.name() + "_clamped"};
     std::vector<Var> args = f.args();
@@ -92,13 +78,16 @@ struct DecodeWriteArguments {
 void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, GeneratorOutput<Func> &cache, int P,
                         const BuildPlan &plan, Arithmetic arithmetic) {
     Expr ring = in.tail.dim(1).extent();
-    Ring ring_math(ring);
-    s.ring_is_pow2 = ring_math.is_pow2;
+    // Ring and cache page both powers of two (the engines' case): every
+    // division of the kernel by shifts, in the kernel a schedule specializes
+    // on s.pow2_ring_and_page; otherwise every one by division.
+    s.pow2_ring_and_page = pow2_ring_and_page(in.tail.dim(1).extent(), Func(cache).output_buffers()[0].dim(1).extent());
+    Divisor ring_math(ring, s.pow2_ring_and_page);
     Expr next_n = in.key.dim(1).extent();
     Var t = s.token, b = s.request;
-    auto last_token = [&](Func f) { return clamp_token(f, next_n); };
-    Func positions_in = last_token(in.positions), tail_slots_in = last_token(in.tail_slot_mapping),
-         slots_in = last_token(in.slot_mapping), key_in = last_token(in.key), score_in = last_token(in.slot_score);
+    auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
+    Func positions_in = in_batch(in.positions), tail_slots_in = in_batch(in.tail_slot_mapping),
+         slots_in = in_batch(in.slot_mapping), key_in = in_batch(in.key), score_in = in_batch(in.slot_score);
 
     // Member j of the pool that token t completes sits at position
     // pos - (P-1) + j, in ring position (pos - (P-1) + j) % RING of t's
@@ -142,22 +131,14 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     // A completion needs a tail block: with tail_slot < 0 the reference
     // would read block 0 (another request's); we write nothing and the
     // runtime reports it.
-    std::vector<OutputImageParam> views = Func(cache).output_buffers();
     Var d{"d"}, token{"token"}, page{"page"};
     cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
     s.write = RDom(0, kHeadDim, 0, next_n, 0, in.key.dim(2).extent(), "write");
-    Expr dim = s.write.x, wt = s.write.y, wb = s.write.z;
+    Expr wt = s.write.y, wb = s.write.z;
     DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb, ring_math);
-    Expr loc = slots_in(wt, wb);
-    // Out-of-range slots and tail blocks write nothing (device-side
-    // indices are not checked on the host).
-    Expr slots = cast<int64_t>(views[0].dim(1).extent()) * cast<int64_t>(views[0].dim(2).extent());
-    s.write.where(loc >= 0 && cast<int64_t>(loc) < slots && w.stashes && w.position % P == P - 1 &&
-                  w.block < in.tail.dim(3).extent());
-    CacheSlot slot = cache_slot(loc, views[0].dim(1).extent(), views[0].dim(2).extent());
-    const Fp8Row &quant = s.compress.rotate.quant;
-    cache(dim, slot.token, slot.page) = Tuple(quant.codes(dim, wt, wb), quant.scale(dim, wt, wb));
-    constrain_cache_views(views);
+    Expr completes = w.stashes && w.position % P == P - 1 && w.block < in.tail.dim(3).extent();
+    Divisor page_math(Func(cache).output_buffers()[0].dim(1).extent(), s.pow2_ring_and_page);
+    write_cache_rows(cache, s.write, {wt, wb}, slots_in(wt, wb), completes, s.compress.rotate.quant, page_math);
 
     in.tail.dim(0).set_bounds(0, kHeadDim);
     in.tail.dim(1).set_stride(kHeadDim);
@@ -170,25 +151,11 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     in.ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, P);
 }
 
-// The stash of every token into its ring slot over `r`, whose variables
-// d, half, t, b are, where `keep` (the token's write is not overwritten by a
-// later one of its request). Out-of-range tail blocks write nothing.
-struct StashDomain {
-    RDom r;
-    Expr d, half, t, b;
-};
-void define_stash(Func tail, StashDomain &s, Expr keep, const DecodeToken &tok, Expr ring, Func key, Func score) {
-    Expr blocks = Func(tail).output_buffer().dim(3).extent();
-    s.r.where(tok.stashes && tok.block < blocks && keep);
-    TailSlot at = clamp_tail_slot(tok.block, tok.ring_pos, ring, blocks);
-    tail(s.d, at.ring_pos, s.half, at.block) = select(s.half == 0, key(s.d, s.t, s.b), score(s.d, s.t, s.b));
-}
-
 // Whether a later token of the same request stashes into the same ring slot
 // as token (tv, bv): the reference stashes in token order, so the last stash
 // into a slot wins; a token that a later one overwrites stashes nothing,
 // which leaves the tokens free of order (and of races) for a schedule.
-void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr next_n, const Ring &ring) {
+void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr next_n, const Divisor &ring) {
     Var tv{"tv"}, bv{"bv"};
     RDom later(0, next_n, "later");
     DecodeToken self = decode_token(positions, tail_slots, tv, bv, ring);
@@ -196,6 +163,36 @@ void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr 
     overwritten(tv, bv) = Internal::const_false();
     overwritten(tv, bv) =
         overwritten(tv, bv) || (later > tv && l.stashes && l.block == self.block && l.ring_pos == self.ring_pos);
+}
+
+// The stash of every token of the call into its ring slot: `tail` in place
+// over s.stash = (d, token, request, half), named and ordered as the
+// completions' RDom `write` (then half), so a schedule can fuse the loops
+// over requests. A token that a later one of its request overwrites stashes
+// nothing (s.overwritten); out-of-range tail blocks write nothing.
+// key and slot_score are (d, token, request) of next_n x requests tokens,
+// tail_slot_mapping and positions (token, request).
+// The ring divides by shifts where `shifts` (which implies a power-of-two
+// ring: the condition the kernel is specialized on).
+void define_stashes(DecodeStashStages &s, Func tail, Func tail_slot_mapping, Func key, Func slot_score,
+                    Func positions, Expr next_n, Expr requests, Expr shifts) {
+    Expr ring = tail.output_buffer().dim(1).extent();
+    Divisor ring_math(ring, shifts);
+    s.ring_is_pow2 = shifts;
+    Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
+    tail(d, ring_pos, half, block) = undef<uint16_t>();
+    RDom &r = s.stash;
+    r = RDom(0, kHeadDim, 0, next_n, 0, requests, 0, 2, "write");
+    Expr t = r.y, b = r.z, h = r[3];
+    auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
+    Func positions_in = in_batch(positions), tail_slots_in = in_batch(tail_slot_mapping);
+    define_overwritten(s.overwritten, positions_in, tail_slots_in, next_n, ring_math);
+    DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
+    Expr blocks = tail.output_buffer().dim(3).extent();
+    r.where(tok.stashes && tok.block < blocks && !s.overwritten(t, b));
+    TailSlot at = clamp_tail_slot(tok.block, tok.ring_pos, ring, blocks);
+    tail(r.x, at.ring_pos, h, at.block) = select(h == 0, in_batch(key)(r.x, t, b), in_batch(slot_score)(r.x, t, b));
+    tail.output_buffer().dim(0).set_bounds(0, kHeadDim).dim(1).set_stride(kHeadDim).dim(2).set_bounds(0, 2);
 }
 
 class DecodeWriteCache : public KpoolGenerator<DecodeWriteCache> {
@@ -233,32 +230,18 @@ class DecodeUpdate : public KpoolGenerator<DecodeUpdate> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
     GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
+    GeneratorParam<DecodeLayout> layout{"layout", DecodeLayout::WarpPerToken,
+                                        {{"warp_per_token", DecodeLayout::WarpPerToken},
+                                         {"warp_per_request", DecodeLayout::WarpPerRequest}}};
 
     DecodeWriteArguments in;
     Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
     Output<Buffer<uint16_t, 4>> tail_out{"tail_out"};  // (d, ring_pos, half, block), in place
 
     void generate() {
-        const BuildPlan plan = build_plan();
-        define_completions(stages.write, in, cache, pool_size, plan, arithmetic);
-        Ring ring_math(in.tail.dim(1).extent());
-        Expr next_n = in.key.dim(1).extent();
-        Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
-        tail_out(d, ring_pos, half, block) = undef<uint16_t>();
-        // Named and ordered as the completions' RDom (d, token, request, then
-        // half), so a schedule can fuse the loops over requests.
-        RDom &r = stages.stash;
-        r = RDom(0, kHeadDim, 0, next_n, 0, in.key.dim(2).extent(), 0, 2, "write");
-        auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
-        Func positions_in = in_batch(in.positions), tail_slots_in = in_batch(in.tail_slot_mapping);
-        define_overwritten(stages.overwritten, positions_in, tail_slots_in, next_n, ring_math);
-        StashDomain stash{r, r.x, r[3], r.y, r.z};
-        DecodeToken tok = decode_token(positions_in, tail_slots_in, r.y, r.z, ring_math);
-        define_stash(tail_out, stash, !stages.overwritten(r.y, r.z), tok, in.tail.dim(1).extent(), in_batch(in.key),
-                     in_batch(in.slot_score));
-        tail_out.dim(0).set_bounds(0, kHeadDim);
-        tail_out.dim(1).set_stride(kHeadDim);
-        tail_out.dim(2).set_bounds(0, 2);
+        define_completions(stages.write, in, cache, pool_size, build_plan(), arithmetic);
+        define_stashes(stages.stashes, tail_out, in.tail_slot_mapping, in.key, in.slot_score, in.positions,
+                       in.key.dim(1).extent(), in.key.dim(2).extent(), stages.write.pow2_ring_and_page);
     }
 
     void schedule() {
@@ -269,7 +252,8 @@ public:
             return;
         }
         stages.write.cache = cache;
-        stages.tail = tail_out;
+        stages.stashes.tail = tail_out;
+        stages.layout = layout;
         schedule_decode_update(stages, build_plan());
     }
 
@@ -286,30 +270,12 @@ public:
     Output<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block), in place
 
     void generate() {
-        Expr ring = tail.dim(1).extent();
-        Ring ring_math(ring);
-        stages.ring_is_pow2 = ring_math.is_pow2;
-        Expr next_n = key.dim(1).extent();
-        Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
-        tail(d, ring_pos, half, block) = undef<uint16_t>();
-
-        RDom &r = stages.stash;
-        r = RDom(0, kHeadDim, 0, 2, 0, next_n, 0, key.dim(2).extent(), "stash");
-        Expr t = r.z, b = r[3];
-        auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
-        Func positions_in = in_batch(positions), tail_slots_in = in_batch(tail_slot_mapping);
-        DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
-        define_overwritten(stages.overwritten, positions_in, tail_slots_in, next_n, ring_math);
-        StashDomain stash{r, r.x, r.y, t, b};
-        define_stash(tail, stash, !stages.overwritten(t, b), tok, ring, in_batch(key), in_batch(slot_score));
+        define_stashes(stages, tail, tail_slot_mapping, key, slot_score, positions, key.dim(1).extent(),
+                       key.dim(2).extent(), Divisor::is_power_of_two(tail.dim(1).extent()));
         tail_slot_mapping.dim(0).set_stride(Expr());
         positions.dim(0).set_stride(Expr());
-
         key.dim(0).set_bounds(0, kHeadDim);
         slot_score.dim(0).set_bounds(0, kHeadDim);
-        tail.dim(0).set_bounds(0, kHeadDim);
-        tail.dim(1).set_stride(kHeadDim);
-        tail.dim(2).set_bounds(0, 2);
     }
 
     void schedule() {

@@ -152,22 +152,30 @@ struct DecodeWriteStages {
     CompressPool compress;
     Func cache;
     RDom write;
-    Expr ring_is_pow2;  // the ring arithmetic takes shifts and masks where a schedule specializes on it
+    // Ring and cache page both powers of two: a schedule that specializes
+    // on it keeps only shifts and masks there (Divisor), no division.
+    Expr pow2_ring_and_page;
 };
 struct DecodeStashStages {
     Func tail;
-    RDom stash;        // (d, half, token, request)
+    RDom stash;                       // (d, token, request, half)
     Func overwritten{"overwritten"};  // (token, request): a later token stashes into the same ring slot
     Expr ring_is_pow2;
 };
 
+// How the one-kernel decode spreads a call over a GPU's warps (a schedule
+// choice; the algorithm is the same): a block per request, a warp per token
+// (every completion of a request at once: long calls), or a warp per
+// request, its tokens in a loop (many requests with few tokens each, where
+// a block per request would leave most warps idle).
+enum class DecodeLayout { WarpPerToken, WarpPerRequest };
+
 // Decode in one kernel: the completions (`write`) and the stashes (`tail`
 // over `stash`: (d, token, request, half), named and ordered as `write`).
 struct DecodeUpdateStages {
+    DecodeLayout layout = DecodeLayout::WarpPerToken;
     DecodeWriteStages write;
-    Func tail;
-    RDom stash;
-    Func overwritten{"overwritten"};  // (token, request): a later token stashes into the same ring slot
+    DecodeStashStages stashes;
 };
 
 // The expand family: one int32 output over (col, row).

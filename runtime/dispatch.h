@@ -20,7 +20,8 @@ enum class Kernel {
     SEED_TAIL,
     DECODE_WRITE_CACHE,  // the CPU's decode: completions, then DECODE_STASH_TAIL
     DECODE_STASH_TAIL,
-    DECODE_UPDATE,  // CUDA's decode: both in one kernel
+    DECODE_UPDATE,             // CUDA's decode: both in one kernel, a warp per token
+    DECODE_UPDATE_BY_REQUEST,  // the same, a warp per request (few tokens per request)
     EXPAND_POOLS_AND_APPEND_TAIL,
     EXPAND_POOLS_TO_TOKENS,
     APPEND_TAIL_TO_TOPK,
@@ -74,6 +75,7 @@ KPOOL_SIGNATURE(SEED_TAIL, Buf, Buf, Buf, int32_t, Buf)
 // round_scale, cache codes, cache scales[, tail out])
 KPOOL_SIGNATURE(DECODE_WRITE_CACHE, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf)
 KPOOL_SIGNATURE(DECODE_UPDATE, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf, Buf)
+KPOOL_SIGNATURE(DECODE_UPDATE_BY_REQUEST, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf, Buf)
 // (tail_slot_mapping, key, slot_score, positions, tail)
 KPOOL_SIGNATURE(DECODE_STASH_TAIL, Buf, Buf, Buf, Buf, Buf)
 // (pool_ids, groups, seq_lens, pool_size, bound_pool_ids, out)

@@ -87,10 +87,13 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
     }
     case Kernel::DECODE_WRITE_CACHE:
     case Kernel::DECODE_STASH_TAIL:
-    case Kernel::DECODE_UPDATE: {
-        // Two tokens, so every token loop runs; without a K cache a call
-        // only stashes (decode_stash_tail).
-        const int64_t N = 2, blocks = v.kind == Kernel::DECODE_STASH_TAIL ? 0 : 1;
+    case Kernel::DECODE_UPDATE:
+    case Kernel::DECODE_UPDATE_BY_REQUEST: {
+        // At least two tokens, so every token loop runs; 64 tokens of one
+        // request take the warp-per-token layout where the family runs it
+        // (decode.cpp); without a K cache a call only stashes (decode_stash_tail).
+        const int64_t N = v.kind == Kernel::DECODE_UPDATE ? 64 : 2;
+        const int64_t blocks = v.kind == Kernel::DECODE_STASH_TAIL ? 0 : 1;
         const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {blocks, 1, KPOOL_CACHE_ROW_BYTES}),
                            tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}),
                            tsm = tensor(KPOOL_DTYPE_INT32, {1, N}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}),

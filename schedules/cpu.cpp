@@ -128,9 +128,10 @@ void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan) {
     // `overwritten` already leaves one stash per ring slot).
     s.tail.update(0)
         .allow_race_conditions()
-        .parallel(s.stash[3])
+        .reorder(s.stash.x, s.stash[3], s.stash.y, s.stash.z)
+        .parallel(s.stash.z)
         .vectorize(s.stash.x, plan.target.natural_vector_size<uint16_t>());
-    s.overwritten.compute_at(s.tail, s.stash[3]);
+    s.overwritten.compute_at(s.tail, s.stash.z);
 }
 
 // The CPU runs decode as its two kernels (each has requests in parallel
@@ -146,13 +147,14 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &plan) {
     completions.allow_race_conditions().parallel(request).vectorize(w.write.x, lanes);
     w.ring_writer.compute_at(w.cache, w.write.y);
     compute_pool_at(w.compress, w.d, w.j, w.lane, LoopLevel(w.cache, w.write.y), lanes);
-    s.tail.update(0)
+    DecodeStashStages &st = s.stashes;
+    st.tail.update(0)
         .allow_race_conditions()
-        .reorder(s.stash.x, s.stash[3], s.stash.y, s.stash.z)
-        .parallel(s.stash.z)
-        .vectorize(s.stash.x, plan.target.natural_vector_size<uint16_t>())
+        .reorder(st.stash.x, st.stash[3], st.stash.y, st.stash.z)
+        .parallel(st.stash.z)
+        .vectorize(st.stash.x, plan.target.natural_vector_size<uint16_t>())
         .compute_with(completions, request);
-    s.overwritten.compute_at(s.tail, s.stash.y);
+    st.overwritten.compute_at(st.tail, st.stash.y);
 }
 
 void schedule_expand(ExpandStages &s, const BuildPlan &plan) {

@@ -60,9 +60,15 @@ struct CudaPlan : KnobReader {
     int decode_unrolled_exact_slots = knob("decode.unrolled_exact_slots");
     // decode: tokens of a request run side by side (triton), stashed per block
     int decode_tokens_per_block = knob("decode.tokens_per_block");
-    int seed_warps_per_block = knob("seed.warps_per_block");        // seed: warps per block (32 tokens each)
-    int expand_cols = knob("expand.cols");                          // expand: output columns per thread block
-    int expand_and_append_cols = knob("expand.append_cols");        // the same for expand_pools_and_append_tail
+    // Decode's warp-per-request layout: requests (warps) per block.
+    int decode_requests_per_block = knob("decode.requests_per_block");
+    // A completion pooled in its token's lanes (V elements per lane)
+    // unrolls its slot folds up to this many slots, in either arithmetic:
+    // past it the P x V members' registers spill under the 128-register cap.
+    int decode_lane_unrolled_slots = knob("decode.lane_unrolled_slots");
+    int seed_warps_per_block = knob("seed.warps_per_block");    // seed: warps per block (32 tokens each)
+    int expand_cols = knob("expand.cols");                      // expand: output columns per thread block
+    int expand_and_append_cols = knob("expand.append_cols");    // the same for expand_pools_and_append_tail
 };
 
 CudaPlan plan_for(const BuildPlan &build) { return CudaPlan(build); }
@@ -306,24 +312,20 @@ void schedule_seed_tail(SeedTailStages &s, const BuildPlan &build) {
     s.seeded.compute_at(s.tail, gb).split(s.token, ta, tl, kWarpSize).gpu_threads(tl, ta);
 }
 
+// P: the slot RDom's extent, a constant of every decode kernel.
+int pool_size(const DecodeWriteStages &s) {
+    const std::optional<int64_t> P = as_const_int(s.compress.pool.slot.x.extent());
+    if (!P) {
+        throw CompileError("decode's pool size must be a constant of the kernel");
+    }
+    return static_cast<int>(*P);
+}
+
 // The walk over earlier tokens (ring_writer) at `at`, each earlier token
 // read once for all P members.
 void compute_ring_walk_at(DecodeWriteStages &s, LoopLevel at) {
     s.ring_writer.compute_at(at).unroll(s.j);
     s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
-}
-
-// The pool size a softmax pool's slot RDom was defined over: a constant (the
-// generator's pool_size), which the decode schedules unroll by; a
-// CompileError, not an empty optional dereferenced, should an algorithm
-// define it otherwise.
-int pool_slots(const SoftmaxPool &p) {
-    const std::optional<int64_t> slots = as_const_int(p.slot.x.extent());
-    if (!slots) {
-        throw CompileError("CUDA decode schedule: the pool's slot loop has no constant extent (" +
-                           p.slot.x.name() + ")");
-    }
-    return static_cast<int>(*slots);
 }
 
 // A completion's pool, each element on a thread of its own: the exact
@@ -344,7 +346,7 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
     SoftmaxPool &p = c.pool;
     p.max_logit.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
     p.weighted_sum.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
-    if (pool_slots(p) <= plan.decode_unrolled_exact_slots) {
+    if (pool_size(s) <= plan.decode_unrolled_exact_slots) {
         if (p.max_logit.has_update_definition()) {
             p.max_logit.update(0).unroll(p.later_slot);
         }
@@ -360,9 +362,7 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
 // decode call is latency-bound: every member's loads in flight at once).
 void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token) {
     compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane));
-    const int pool_size = pool_slots(s.compress.pool);
-    const bool unroll_slots =
-        s.compress.pool.arithmetic == Arithmetic::Triton || pool_size <= plan.decode_unrolled_exact_slots;
+    const bool unroll_slots = pool_size(s) <= plan.decode_lane_unrolled_slots;
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, token), unroll_slots);
 }
 
@@ -372,53 +372,90 @@ void schedule_decode_write(DecodeWriteStages &, const BuildPlan &) {
     throw CompileError("CUDA runs decode as kpool_decode_update; kpool_decode_write_cache is built for the CPU only");
 }
 
-// One launch per decode call: a block per request. First its completions:
-// in the exact arithmetic the tokens in a serial loop, each completion's
-// pool an element per thread (pool_per_element); in the triton arithmetic,
-// whose pool is short, a warp per token, decode_tokens_per_block tokens at a
-// time (pool_in_lanes). Then, after the block barrier that Halide puts
-// between the two loop nests, the stashes: a warp per token, each lane
-// moving 4 bf16 of both halves; a token that a later one overwrites stashes
-// nothing (the algorithm), so stashes need no order. The completions read
-// the ring as it was before the call (the algorithm's ring_writer), so
-// within a request nothing a stash writes is read after it. Fused at the
-// block loop (compute_with at `request`, both RDoms named alike). Completions
-// are rare (one token in P), and a token that completes nothing skips its
-// pool, so the serial loop costs a few loads per token.
+// One launch per decode call, in one of two layouts (DecodeLayout; the
+// runtime picks per call, runtime/ops/decode.cpp):
+// - WarpPerToken: a block per request. First its completions: in the exact
+//   arithmetic the tokens in a serial loop, each completion's pool an
+//   element per thread (pool_per_element); in the triton arithmetic, whose
+//   pool is short, a warp per token, decode_tokens_per_block tokens at a
+//   time (pool_in_lanes). Then, after the block barrier that Halide puts
+//   between the two loop nests, the stashes: a warp per token.
+// - WarpPerRequest: decode_requests_per_block requests per block, a warp
+//   each, walking its tokens in a loop (completions pooled in the lanes),
+//   then, after the barrier, its stashes, token by token. Completions are
+//   rare (one token in P): with few tokens per request, a block per request
+//   leaves most of its warps idle.
+// Each stash lane moves 4 bf16 of both halves; a token that a later one
+// overwrites stashes nothing (the algorithm), so stashes need no order. The
+// completions read the ring as it was before the call (the algorithm's
+// ring_writer), so within a request nothing a stash writes is read after
+// it. Fused at the block loop (compute_with, both RDoms named alike). A
+// token that completes nothing skips its pool: a few loads.
+// Specialized on a power-of-two ring and cache page (one kernel each way,
+// the runtime's launch picks): shifts and masks, no integer division.
+//
+// Static figures (ptxas -arch=sm_90 --maxrregcount 128, cuobjdump -sass;
+// SASS instructions of the power-of-two kernel; global loads/stores by bytes):
+// DECODE_FIGURES
 void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     const CudaPlan plan = plan_for(build);
     DecodeWriteStages &w = s.write;
-    const bool per_element = plan.decode_exact_pool_per_element && w.compress.pool.arithmetic == Arithmetic::Exact;
-    RVar request = w.write.z;
+    DecodeStashStages &st = s.stashes;
+    const bool per_request = s.layout == DecodeLayout::WarpPerRequest;
+    const bool per_element =
+        !per_request && plan.decode_exact_pool_per_element && w.compress.pool.arithmetic == Arithmetic::Exact;
+    const int requests = per_request ? plan.decode_requests_per_block : 1;
     RVar lane{"write_lane"}, v{"write_v"}, chunk{"token_chunk"}, token{"write_token"};
+    RVar request_block{"request_block"}, request{"request"};
     pure_stage_on_gpu(w.cache);
     Stage completions = w.cache.update(0);
     completions.allow_race_conditions()
         .split(w.write.x, lane, v, w.layout.values_per_lane)
-        .split(w.write.y, chunk, token, per_element ? 1 : plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
-        .reorder(v, lane, token, chunk, request)
-        .gpu_blocks(request)
-        .gpu_lanes(lane)
-        .unroll(v);
-    if (per_element) {
-        pool_per_element(w, plan, token);
+        .split(w.write.z, request_block, request, requests, TailStrategy::GuardWithIf);
+    if (per_request) {
+        completions.reorder(v, lane, w.write.y, request, request_block)
+            .gpu_blocks(request_block)
+            .gpu_threads(request)
+            .gpu_lanes(lane)
+            .unroll(v);
+        pool_in_lanes(w, plan, w.write.y);
     } else {
-        completions.gpu_threads(token);
-        pool_in_lanes(w, plan, token);
+        completions
+            .split(w.write.y, chunk, token, per_element ? 1 : plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
+            .reorder(v, lane, token, chunk, request, request_block)
+            .gpu_blocks(request_block)
+            .gpu_lanes(lane)
+            .unroll(v);
+        if (per_element) {
+            pool_per_element(w, plan, token);
+        } else {
+            completions.gpu_threads(token);
+            pool_in_lanes(w, plan, token);
+        }
     }
     RVar stash_lane{"stash_lane"}, stash_v{"stash_v"}, stash_chunk{"stash_chunk"}, stash_token{"stash_token"};
-    pure_stage_on_gpu(s.tail);
-    s.tail.update(0)
-        .allow_race_conditions()
-        .split(s.stash.x, stash_lane, stash_v, kValuesPerLane)
-        .split(s.stash.y, stash_chunk, stash_token, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
-        .reorder(stash_v, s.stash[3], stash_lane, stash_token, stash_chunk, s.stash.z)
-        .gpu_blocks(s.stash.z)
-        .gpu_threads(stash_lane, stash_token)
-        .unroll(s.stash[3])
+    RVar stash_request{"stash_request"};
+    pure_stage_on_gpu(st.tail);
+    Stage stashes = st.tail.update(0);
+    stashes.allow_race_conditions()
+        .split(st.stash.x, stash_lane, stash_v, kValuesPerLane)
+        .split(st.stash.z, request_block, stash_request, requests, TailStrategy::GuardWithIf);
+    if (per_request) {
+        stashes.reorder(stash_v, st.stash[3], st.stash.y, stash_lane, stash_request, request_block)
+            .gpu_threads(stash_lane, stash_request);
+        st.overwritten.compute_at(st.tail, st.stash.y);
+    } else {
+        stashes
+            .split(st.stash.y, stash_chunk, stash_token, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
+            .reorder(stash_v, st.stash[3], stash_lane, stash_token, stash_chunk, stash_request, request_block)
+            .gpu_threads(stash_lane, stash_token);
+        st.overwritten.compute_at(st.tail, stash_lane);  // each thread its token's
+    }
+    stashes.gpu_blocks(request_block)
+        .unroll(st.stash[3])
         .vectorize(stash_v)
-        .compute_with(completions, request);
-    s.overwritten.compute_at(s.tail, stash_lane);  // each thread its token's
+        .compute_with(completions, request_block);
+    completions.specialize(w.pow2_ring_and_page);
 }
 
 // Every token of a request's block of tokens is a warp, each lane moving 4
@@ -432,12 +469,12 @@ void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &build) {
     s.tail.update(0)
         .allow_race_conditions()
         .split(s.stash.x, lane, v, kValuesPerLane)
-        .split(s.stash.z, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
-        .reorder(v, s.stash.y, lane, ti, tb, s.stash[3])
-        .fuse(tb, s.stash[3], block)
+        .split(s.stash.y, tb, ti, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
+        .reorder(v, s.stash[3], lane, ti, tb, s.stash.z)
+        .fuse(tb, s.stash.z, block)
         .gpu_blocks(block)
         .gpu_threads(lane, ti)
-        .unroll(s.stash.y)
+        .unroll(s.stash[3])
         .vectorize(v)
         .specialize(s.ring_is_pow2);
     s.overwritten.compute_at(s.tail, lane);  // each thread its token's

@@ -1,6 +1,8 @@
 // The GPUs' one-kernel decode (kpool_decode_update: a request's completions,
 // then the stashes of its tokens that no later one overwrites) built for the
-// CPU (kpool_cpu_decode_update_p*, CMakeLists.txt) and checked byte for byte
+// CPU (kpool_cpu_decode_update_p*, CMakeLists.txt; _as_<family>: with that
+// GPU family's row layout, the algorithm both of its CUDA decode layouts
+// run, by shifts where ring and page are powers of two) and checked byte for byte
 // against the CPU's two kernels through the C API, past next_n = P and at
 // RING = P, 2P, 3P. A schedule cannot change what an algorithm computes:
 // this holds the algorithm every GPU family runs to the contract here, where
@@ -12,6 +14,10 @@
 #include <vector>
 
 #include "HalideBuffer.h"
+#include "kpool_cpu_decode_update_as_sm80_p16.h"
+#include "kpool_cpu_decode_update_as_sm80_p4.h"
+#include "kpool_cpu_decode_update_as_sm90_p16.h"
+#include "kpool_cpu_decode_update_as_sm90_p4.h"
 #include "kpool_cpu_decode_update_p16.h"
 #include "kpool_cpu_decode_update_p4.h"
 #include "test_inputs.h"
@@ -52,12 +58,22 @@ Buffer<uint16_t> ring_view(const HostTensor &tail) {
                                     {0, i32(tail.shape(0)), i32(tail.strides()[0])}});
 }
 
-using DecodeUpdateParam = std::tuple<int, int, int>;  // P, RING / P, next_n
+using DecodeUpdateParam = std::tuple<std::string, int, int, int>;  // layout of, P, RING / P, next_n
 class DecodeUpdateOnCpu : public ::testing::TestWithParam<DecodeUpdateParam> {};
 
+DecodeUpdateKernel decode_update_kernel(const std::string &layout_of, int P) {
+    if (layout_of == "sm80") {
+        return P == 4 ? kpool_cpu_decode_update_as_sm80_p4 : kpool_cpu_decode_update_as_sm80_p16;
+    }
+    if (layout_of == "sm90") {
+        return P == 4 ? kpool_cpu_decode_update_as_sm90_p4 : kpool_cpu_decode_update_as_sm90_p16;
+    }
+    return P == 4 ? kpool_cpu_decode_update_p4 : kpool_cpu_decode_update_p16;
+}
+
 TEST_P(DecodeUpdateOnCpu, MatchesTheTwoKernels) {
-    const auto [P, ring_mult, N] = GetParam();
-    const DecodeUpdateKernel kernel = P == 4 ? kpool_cpu_decode_update_p4 : kpool_cpu_decode_update_p16;
+    const auto [layout_of, P, ring_mult, N] = GetParam();
+    const DecodeUpdateKernel kernel = decode_update_kernel(layout_of, P);
     const int64_t ring = int64_t(P) * ring_mult, B = 11, tail_blocks = B + 3, block_size = 16;
     const int64_t num_blocks = (B * N) / block_size + 2;
     const bool round_scale = N % 2 == 1;
@@ -102,11 +118,12 @@ TEST_P(DecodeUpdateOnCpu, MatchesTheTwoKernels) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, DecodeUpdateOnCpu,
-                         Combine(Values(4, 16), Values(1, 2, 3), Values(1, 2, 3, 4, 5, 6, 7, 8, 20)),
+                         Combine(Values("cpu", "sm80", "sm90"), Values(4, 16), Values(1, 2, 3),
+                                 Values(1, 2, 3, 4, 5, 6, 7, 8, 20)),
                          [](const auto &info) {
-                             return "P" + std::to_string(std::get<0>(info.param)) + "_ring" +
-                                    std::to_string(std::get<1>(info.param)) + "P_n" +
-                                    std::to_string(std::get<2>(info.param));
+                             return std::get<0>(info.param) + "_P" + std::to_string(std::get<1>(info.param)) +
+                                    "_ring" + std::to_string(std::get<2>(info.param)) + "P_n" +
+                                    std::to_string(std::get<3>(info.param));
                          });
 
 }  // namespace

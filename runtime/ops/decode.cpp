@@ -3,7 +3,26 @@
 // writes that pool's cache row.
 #include "ops.h"
 
+#include "kpool_decode_layouts.inc"  // KPOOL_FOR_EACH_DECODE_LAYOUT_RULE(X): X(family, max pool, min next_n)
+
 namespace kpool::rt {
+namespace {
+
+// The one-kernel decode's layout for a call (schedules/cuda.cpp, DecodeLayout):
+// a warp per token (a block per request) for small pools and many tokens per
+// request, else a warp per request; the family's knobs set the bounds.
+Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
+#define KPOOL_DECODE_LAYOUT_RULE(name, max_pool, min_next_n)                                              \
+    if (family == Family::name) {                                                                         \
+        return pool_size <= (max_pool) && next_n >= (min_next_n) ? Kernel::DECODE_UPDATE                  \
+                                                                 : Kernel::DECODE_UPDATE_BY_REQUEST;      \
+    }
+    KPOOL_FOR_EACH_DECODE_LAYOUT_RULE(KPOOL_DECODE_LAYOUT_RULE)
+#undef KPOOL_DECODE_LAYOUT_RULE
+    return Kernel::DECODE_UPDATE;
+}
+
+}  // namespace
 
 int64_t decode_update_and_maybe_write_cache_batched(
     const kpool_tensor *kv_cache_, const kpool_tensor *tail_kv_cache_, const kpool_tensor *tail_slot_mapping_,
@@ -61,10 +80,19 @@ int64_t decode_update_and_maybe_write_cache_batched(
     // stashes), the CPU as two.
     if (kv_cache.numel() > 0 && where.has_kernel(Kernel::DECODE_UPDATE, pool_size, ElementType::bf16)) {
         HalideBuffer t_out = wrap_tail(tail);
-        where.launch<Kernel::DECODE_UPDATE>(op, pool_size, ElementType::bf16, t.raw_buffer(), ts.raw_buffer(),
-                                            k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(),
-                                            pos.raw_buffer(), round_scale != 0, cache.codes.raw_buffer(),
-                                            cache.scales.raw_buffer(), where.attach(t_out).raw_buffer());
+        auto launch = [&](auto layout) {
+            where.launch<decltype(layout)::value>(op, pool_size, ElementType::bf16, t.raw_buffer(), ts.raw_buffer(),
+                                                  k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(),
+                                                  pos.raw_buffer(), round_scale != 0, cache.codes.raw_buffer(),
+                                                  cache.scales.raw_buffer(), where.attach(t_out).raw_buffer());
+        };
+        const Kernel layout = decode_update_layout(where.family(), pool_size, key.dim(1));
+        if (layout == Kernel::DECODE_UPDATE_BY_REQUEST &&
+            where.has_kernel(Kernel::DECODE_UPDATE_BY_REQUEST, pool_size, ElementType::bf16)) {
+            launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_BY_REQUEST>());
+        } else {
+            launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE>());
+        }
         return skipped;
     }
     // Otherwise two kernels, in this order on the caller's stream (without
