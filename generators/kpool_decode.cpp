@@ -50,6 +50,16 @@ DecodeToken decode_token(Func positions, Func tail_slots, Expr t, Expr b, const 
     return {pos, pos >= 0 && ts >= 0, ring.div(ts), ring.mod(pos)};
 }
 
+// A per-token index input (tail_slot_mapping, slot_mapping, positions), of
+// the integer type the variant is built for (int32 or int64), as int32:
+// saturated, so an int64 index past int32 stays out of every range the
+// kernels check and a negative one stays a "no write" sentinel.
+Func index_values(Func index) {
+    Func f{index.name() + "_int32"};
+    f(index.args()) = saturating_cast<int32_t>(index(index.args()));
+    return f;
+}
+
 // A schedule may round a token loop up past next_n (guarded: those tokens
 // never write); reads clamp the token so bounds stay inside.
 Func clamp_token(Func f, Expr next_n) {
@@ -67,12 +77,12 @@ Func clamp_token(Func f, Expr next_n) {
 // argument order (a member of each generator: Halide finds its Inputs there).
 struct DecodeWriteArguments {
     GeneratorInput<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block): the ring as before the call
-    GeneratorInput<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
+    GeneratorInput<Buffer<void, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request), int32 or int64
     GeneratorInput<Buffer<uint16_t, 3>> key{"key"};                             // (d, token, request)
     GeneratorInput<Buffer<uint16_t, 3>> slot_score{"slot_score"};
     GeneratorInput<Buffer<float, 2>> ape{"ape"};  // (d, j)
-    GeneratorInput<Buffer<int32_t, 2>> slot_mapping{"slot_mapping"};
-    GeneratorInput<Buffer<int32_t, 2>> positions{"positions"};
+    GeneratorInput<Buffer<void, 2>> slot_mapping{"slot_mapping"};  // of tail_slot_mapping's type
+    GeneratorInput<Buffer<void, 2>> positions{"positions"};
     GeneratorInput<bool> round_scale{"round_scale"};
 
     void set_estimates(int P) {
@@ -97,8 +107,10 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     Expr next_n = in.key.dim(1).extent();
     Var t = s.token, b = s.request;
     auto last_token = [&](Func f) { return clamp_token(f, next_n); };
-    Func positions_in = last_token(in.positions), tail_slots_in = last_token(in.tail_slot_mapping),
-         slots_in = last_token(in.slot_mapping), key_in = last_token(in.key), score_in = last_token(in.slot_score);
+    Func positions_in = last_token(index_values(in.positions)),
+         tail_slots_in = last_token(index_values(in.tail_slot_mapping)),
+         slots_in = last_token(index_values(in.slot_mapping)), key_in = last_token(in.key),
+         score_in = last_token(in.slot_score);
 
     // Member j of the pool that token t completes sits at position
     // pos - (P-1) + j, in ring position (pos - (P-1) + j) % RING of t's
@@ -248,7 +260,8 @@ public:
         RDom &r = stages.stash;
         r = RDom(0, kHeadDim, 0, next_n, 0, in.key.dim(2).extent(), 0, 2, "write");
         auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
-        Func positions_in = in_batch(in.positions), tail_slots_in = in_batch(in.tail_slot_mapping);
+        Func positions_in = in_batch(index_values(in.positions)),
+             tail_slots_in = in_batch(index_values(in.tail_slot_mapping));
         define_overwritten(stages.overwritten, positions_in, tail_slots_in, next_n, ring_math);
         StashDomain stash{r, r.x, r[3], r.y, r.z};
         DecodeToken tok = decode_token(positions_in, tail_slots_in, r.y, r.z, ring_math);
@@ -277,10 +290,10 @@ private:
 
 class DecodeStashTail : public KpoolGenerator<DecodeStashTail> {
 public:
-    Input<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
-    Input<Buffer<uint16_t, 3>> key{"key"};                             // (d, token, request)
+    Input<Buffer<void, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request), int32 or int64
+    Input<Buffer<uint16_t, 3>> key{"key"};                          // (d, token, request)
     Input<Buffer<uint16_t, 3>> slot_score{"slot_score"};
-    Input<Buffer<int32_t, 2>> positions{"positions"};
+    Input<Buffer<void, 2>> positions{"positions"};  // of tail_slot_mapping's type
     Output<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block), in place
 
     void generate() {
@@ -295,7 +308,8 @@ public:
         r = RDom(0, kHeadDim, 0, 2, 0, next_n, 0, key.dim(2).extent(), "stash");
         Expr t = r.z, b = r[3];
         auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
-        Func positions_in = in_batch(positions), tail_slots_in = in_batch(tail_slot_mapping);
+        Func positions_in = in_batch(index_values(positions)),
+             tail_slots_in = in_batch(index_values(tail_slot_mapping));
         DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
         define_overwritten(stages.overwritten, positions_in, tail_slots_in, next_n, ring_math);
         StashDomain stash{r, r.x, r.y, t, b};
