@@ -3,8 +3,11 @@
 # The C/C++ SDK that `cmake --install <build> --prefix <dir>` writes:
 #
 #   include/kpool/kpool.h, kpool.hpp   the C API and its C++ wrapper
-#   lib/libkpool.a                     the runtime, every kernel variant and the Halide runtime
-#   lib/libkpool.so                    the same as one shared object (Halide's symbols hidden)
+#   lib/libkpool.a                     the runtime, every kernel variant and the Halide runtime, as
+#                                      one object whose only global kpool and Halide symbols are
+#                                      the C API (cmake/kpool.map)
+#   lib/libkpool.so[.0.1[.0]]          the same as one shared object, exporting the C API only
+#                                      (version script cmake/kpool.map; SONAME libkpool.so.0.1)
 #   lib/cmake/kpool/                   find_package(kpool CONFIG): kpool::kpool (the archive)
 #                                      and kpool::kpool_shared
 #   lib/pkgconfig/kpool.pc             pkg-config --cflags --libs kpool (--static: the archive)
@@ -26,6 +29,7 @@ function(kpool_install_sdk)
     # file (the generator's output, a source of its target), and kpool_static
     # takes those objects as its own, after the runtime's.
     set(kernel_objects)
+    set(runtime_object)
     foreach (lib IN LISTS ARG_KERNELS ARG_HALIDE_RUNTIME)
         get_target_property(sources ${lib} SOURCES)
         get_target_property(dir ${lib} BINARY_DIR)
@@ -35,12 +39,27 @@ function(kpool_install_sdk)
             endif ()
             cmake_path(ABSOLUTE_PATH source BASE_DIRECTORY "${dir}")
             list(APPEND kernel_objects "${source}")
+            if (lib STREQUAL ARG_HALIDE_RUNTIME)
+                set(runtime_object "${source}")
+            endif ()
         endforeach ()
     endforeach ()
-    add_library(kpool_static STATIC $<TARGET_OBJECTS:kpool> ${kernel_objects})
-    # The objects are outputs of the kernels' own rules: build those first
-    # (and, with Makefiles, only there).
-    add_dependencies(kpool_static ${ARG_KERNELS} ${ARG_HALIDE_RUNTIME})
+    # All of them linked into one object whose only global kpool and Halide
+    # symbols are the C API (cmake/KpoolLocalize.cmake): the archive links
+    # beside another Halide runtime.
+    set(sdk_object "${PROJECT_BINARY_DIR}/sdk/kpool_sdk${CMAKE_CXX_OUTPUT_EXTENSION}")
+    add_custom_command(OUTPUT "${sdk_object}"
+                       COMMAND "${CMAKE_COMMAND}" "-DLINKER=${CMAKE_LINKER}" "-DNM=${CMAKE_NM}"
+                               "-DOBJCOPY=${CMAKE_OBJCOPY}" "-DREADELF=${CMAKE_READELF}" "-DEXPORTS=${PROJECT_SOURCE_DIR}/cmake/kpool.map"
+                               "-DOBJECTS=$<TARGET_OBJECTS:kpool>;${kernel_objects}" "-DHALIDE_RUNTIME=${runtime_object}"
+                               "-DOUTPUT=${sdk_object}"
+                               -P "${PROJECT_SOURCE_DIR}/cmake/KpoolLocalize.cmake"
+                       DEPENDS kpool $<TARGET_OBJECTS:kpool> ${kernel_objects} ${ARG_KERNELS} ${ARG_HALIDE_RUNTIME}
+                               "${PROJECT_SOURCE_DIR}/cmake/kpool.map" "${PROJECT_SOURCE_DIR}/cmake/KpoolLocalize.cmake"
+                       COMMENT "libkpool.a: one object, kpool's and Halide's internal symbols local"
+                       VERBATIM)
+    add_library(kpool_static STATIC "${sdk_object}")
+    set_source_files_properties("${sdk_object}" PROPERTIES EXTERNAL_OBJECT TRUE GENERATED TRUE)
     # build/sdk/libkpool.a (build/libkpool.a is the runtime-only archive),
     # linked as C++ even into a C program (the package says so).
     set_target_properties(kpool_static PROPERTIES

@@ -35,6 +35,16 @@ Expr pow2_ring_and_page(Expr ring, Expr page_size) {
     return Divisor::is_power_of_two(ring) && Divisor::is_power_of_two(page_size);
 }
 
+// A per-token index input (tail_slot_mapping, slot_mapping, positions), of
+// the integer type the variant is built for (int32 or int64), as int32:
+// saturated, so an int64 index past int32 stays out of every range the
+// kernels check and a negative one stays a "no write" sentinel.
+Func index_values(Func index) {
+    Func f{index.name() + "_int32"};
+    f(index.args()) = saturating_cast<int32_t>(index(index.args()));
+    return f;
+}
+
 // A schedule may round a token loop up past next_n (guarded: those tokens
 // never write); every per-token input is read through this clamp of its
 // token (the second-to-last dimension), so bounds stay inside.
@@ -53,12 +63,12 @@ Func clamp_token(Func f, Expr next_n) {
 // argument order (a member of each generator: Halide finds its Inputs there).
 struct DecodeWriteArguments {
     GeneratorInput<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block): the ring as before the call
-    GeneratorInput<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
+    GeneratorInput<Buffer<void, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request), int32 or int64
     GeneratorInput<Buffer<uint16_t, 3>> key{"key"};                             // (d, token, request)
     GeneratorInput<Buffer<uint16_t, 3>> slot_score{"slot_score"};
     GeneratorInput<Buffer<float, 2>> ape{"ape"};  // (d, j)
-    GeneratorInput<Buffer<int32_t, 2>> slot_mapping{"slot_mapping"};
-    GeneratorInput<Buffer<int32_t, 2>> positions{"positions"};
+    GeneratorInput<Buffer<void, 2>> slot_mapping{"slot_mapping"};  // of tail_slot_mapping's type
+    GeneratorInput<Buffer<void, 2>> positions{"positions"};
     GeneratorInput<bool> round_scale{"round_scale"};
 
     void set_estimates(int P) {
@@ -86,8 +96,9 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     Expr next_n = in.key.dim(1).extent();
     Var t = s.token, b = s.request;
     auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
-    Func positions_in = in_batch(in.positions), tail_slots_in = in_batch(in.tail_slot_mapping),
-         slots_in = in_batch(in.slot_mapping), key_in = in_batch(in.key), score_in = in_batch(in.slot_score);
+    Func positions_in = in_batch(index_values(in.positions)),
+         tail_slots_in = in_batch(index_values(in.tail_slot_mapping)),
+         slots_in = in_batch(index_values(in.slot_mapping)), key_in = in_batch(in.key), score_in = in_batch(in.slot_score);
 
     // Member j of the pool that token t completes sits at position
     // pos - (P-1) + j, in ring position (pos - (P-1) + j) % RING of t's
@@ -240,8 +251,9 @@ public:
 
     void generate() {
         define_completions(stages.write, in, cache, pool_size, build_plan(), arithmetic);
-        define_stashes(stages.stashes, tail_out, in.tail_slot_mapping, in.key, in.slot_score, in.positions,
-                       in.key.dim(1).extent(), in.key.dim(2).extent(), stages.write.pow2_ring_and_page);
+        define_stashes(stages.stashes, tail_out, index_values(in.tail_slot_mapping), in.key, in.slot_score,
+                       index_values(in.positions), in.key.dim(1).extent(), in.key.dim(2).extent(),
+                       stages.write.pow2_ring_and_page);
     }
 
     void schedule() {
@@ -263,15 +275,15 @@ private:
 
 class DecodeStashTail : public KpoolGenerator<DecodeStashTail> {
 public:
-    Input<Buffer<int32_t, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request)
-    Input<Buffer<uint16_t, 3>> key{"key"};                             // (d, token, request)
+    Input<Buffer<void, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request), int32 or int64
+    Input<Buffer<uint16_t, 3>> key{"key"};                          // (d, token, request)
     Input<Buffer<uint16_t, 3>> slot_score{"slot_score"};
-    Input<Buffer<int32_t, 2>> positions{"positions"};
+    Input<Buffer<void, 2>> positions{"positions"};  // of tail_slot_mapping's type
     Output<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block), in place
 
     void generate() {
-        define_stashes(stages, tail, tail_slot_mapping, key, slot_score, positions, key.dim(1).extent(),
-                       key.dim(2).extent(), Divisor::is_power_of_two(tail.dim(1).extent()));
+        define_stashes(stages, tail, index_values(tail_slot_mapping), key, slot_score, index_values(positions),
+                       key.dim(1).extent(), key.dim(2).extent(), Divisor::is_power_of_two(tail.dim(1).extent()));
         tail_slot_mapping.dim(0).set_stride(Expr());
         positions.dim(0).set_stride(Expr());
         key.dim(0).set_bounds(0, kHeadDim);

@@ -64,7 +64,9 @@ public:
         Expr valid = id >= 0 && !(bound_pool_ids && id >= cast<int64_t>(pool_len));
         Expr history = select(valid, cast<int32_t>(id * P + at.offset), -1);
         Expr tail_off = c - topk;
-        Expr tail = select(tail_off < seq_len - tail_start, tail_start + tail_off, -1);
+        // A negative seq_len has no tail, as in the reference (whose integer
+        // division truncates: its tail count is then <= 0).
+        Expr tail = select(seq_len >= 0 && tail_off < seq_len - tail_start, tail_start + tail_off, -1);
         out(c, row) = select(c < topk, history, tail);
         seq_lens.dim(0).set_stride(Expr());
         stages.out = out;

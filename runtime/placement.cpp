@@ -1,5 +1,6 @@
 #include "placement.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <limits>
@@ -22,7 +23,48 @@ void require_index_errors_aligned(const int32_t *index_errors) {
     }
 }
 
-Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec) {
+std::vector<RowRange> split_rows(int64_t rows, const std::vector<const TensorArg *> &tensors, int64_t max_span) {
+    int64_t per_range = rows;
+    for (const TensorArg *a : tensors) {
+        if (rows <= 1 || a->dim(0) <= 1) {
+            continue;
+        }
+        const kpool_tensor one = row_slice(*a, {0, 1});
+        const int64_t row_span = TensorArg{a->name, &one}.span_bytes();
+        const int64_t step = a->stride(0) * element_bytes(a->t->dtype);
+        if (step <= 0) {
+            continue;  // rows that share memory span one row
+        }
+        if (row_span > max_span) {
+            throw unsupported() << a->name << " has rows of " << row_span << " bytes; a launch spans at most "
+                                << max_span;
+        }
+        // (count - 1) * step + row_span <= max_span
+        per_range = std::min(per_range, (max_span - row_span) / step + 1);
+    }
+    std::vector<RowRange> ranges;
+    for (int64_t begin = 0; begin < rows; begin += per_range) {
+        ranges.push_back({begin, std::min(per_range, rows - begin)});
+    }
+    return ranges;
+}
+
+kpool_tensor row_slice(const TensorArg &a, RowRange r) {
+    kpool_tensor t = *a.t;
+    t.data = static_cast<uint8_t *>(t.data) + r.begin * a.stride(0) * element_bytes(a.t->dtype);
+    t.shape[0] = r.count;
+    return t;
+}
+
+std::vector<RowRange> Placement::row_ranges(int64_t rows, const std::vector<const TensorArg *> &split) const {
+    if (on_host()) {
+        return {{0, rows}};
+    }
+    return split_rows(rows, split, kCudaMaxSpanBytes);
+}
+
+Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec,
+                     const std::vector<const TensorArg *> &split) {
     const int32_t requested = exec != nullptr ? exec->arithmetic : KPOOL_ARITHMETIC_DEFAULT;
     if (requested != KPOOL_ARITHMETIC_DEFAULT && requested != KPOOL_ARITHMETIC_EXACT &&
         requested != KPOOL_ARITHMETIC_TRITON) {
@@ -35,9 +77,11 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
     require_same_device(args);
     const TensorArg *first = *args.begin();
     if (first->t->device == KPOOL_DEVICE_CUDA) {
-        // The CUDA kernels use 32-bit offsets (docs/behaviour.md, Limits).
+        // The CUDA kernels use 32-bit offsets (docs/behaviour.md, Limits);
+        // tensors split by rows are launched in ranges that fit.
         for (const TensorArg *a : args) {
-            if (a->span_bytes() > std::numeric_limits<int32_t>::max()) {
+            const bool split_by_rows = std::find(split.begin(), split.end(), a) != split.end();
+            if (!split_by_rows && a->span_bytes() > kCudaMaxSpanBytes) {
                 throw unsupported() << a->name << " spans " << a->span_bytes()
                                     << " bytes; CUDA tensors must be below 2 GiB in this build";
             }

@@ -2,6 +2,7 @@
 // with the caller's stream. Buffers wrap caller memory on either side.
 #pragma once
 
+#include <limits>
 #include <vector>
 
 #include "cuda_device.h"
@@ -13,12 +14,39 @@ namespace kpool::rt {
 // exec->index_errors, when given, points to int32 words.
 void require_index_errors_aligned(const int32_t *index_errors);
 
+// The CUDA kernels address memory with 32-bit offsets (Halide's
+// large_buffers breaks its warp-shuffle lowering): every buffer of a launch
+// spans at most this many bytes.
+constexpr int64_t kCudaMaxSpanBytes = std::numeric_limits<int32_t>::max();
+
+// Rows [begin, begin + count) of a row-wise op: one launch's share.
+struct RowRange {
+    int64_t begin, count;
+};
+
+// Consecutive ranges covering `rows` rows, in order, such that each of
+// `tensors` (whose dim 0 is those rows) spans at most `max_span` bytes over
+// every range: as few launches as the widest tensor allows (one when all
+// fit). Rejects a tensor whose one row already spans more.
+std::vector<RowRange> split_rows(int64_t rows, const std::vector<const TensorArg *> &tensors, int64_t max_span);
+
+// `a`'s rows [r.begin, r.begin + r.count) of dim 0: the same memory and strides.
+kpool_tensor row_slice(const TensorArg &a, RowRange r);
+
 class Placement {
 public:
     // All tensors on one device; exec's stream for CUDA and its arithmetic.
-    Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec);
+    // On CUDA each must span at most kCudaMaxSpanBytes, except those in
+    // `split`: the op launches them in row_ranges() (dim 0).
+    Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec,
+              const std::vector<const TensorArg *> &split = {});
 
     bool on_host() const { return cuda_ == nullptr; }
+    // The launches of a row-wise op over `rows` rows of `split` (as given to
+    // the constructor): all rows at once on the host (64-bit offsets), and
+    // split_rows' ranges on a device. Launched in order on one stream, the
+    // ranges give the bytes of one launch: rows are independent.
+    std::vector<RowRange> row_ranges(int64_t rows, const std::vector<const TensorArg *> &split) const;
     // For the ops with a softmax pool: the triton arithmetic's instructions
     // exist on CUDA only (checked before anything runs, empty calls too).
     void require_pool_arithmetic() const;

@@ -107,9 +107,10 @@ void require_common(const char *name, const kpool_tensor *t, std::initializer_li
     }
     if (!dtype_ok) {
         const bool known = dtype >= KPOOL_DTYPE_UINT8 && dtype <= KPOOL_DTYPE_FLOAT8_E4M3FN;
-        throw invalid() << name << " has dtype "
-                        << (known ? kpool_dtype_name(static_cast<kpool_dtype>(dtype)) : "unknown") << " (" << dtype
-                        << "), expected " << alternatives(dtypes, kpool_dtype_name);
+        // By name; only a value without one is shown as the caller's number.
+        const std::string have = known ? std::string(kpool_dtype_name(static_cast<kpool_dtype>(dtype)))
+                                       : "unknown (" + std::to_string(dtype) + ")";
+        throw invalid() << name << " has dtype " << have << ", expected " << alternatives(dtypes, kpool_dtype_name);
     }
     const int32_t device = raw_value(t->device);
 #ifdef KPOOL_WITH_CUDA

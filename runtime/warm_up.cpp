@@ -94,11 +94,12 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
         // (decode.cpp); without a K cache a call only stashes (decode_stash_tail).
         const int64_t N = v.kind == Kernel::DECODE_UPDATE ? 64 : 2;
         const int64_t blocks = v.kind == Kernel::DECODE_STASH_TAIL ? 0 : 1;
+        const kpool_dtype index = index_dtype(v.type);
         const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {blocks, 1, KPOOL_CACHE_ROW_BYTES}),
-                           tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}),
-                           tsm = tensor(KPOOL_DTYPE_INT32, {1, N}), key = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}),
-                           score = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}), ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}),
-                           sm = tensor(KPOOL_DTYPE_INT32, {1, N}), pos = tensor(KPOOL_DTYPE_INT32, {1, N});
+                           tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}), tsm = tensor(index, {1, N}),
+                           key = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}), score = tensor(KPOOL_DTYPE_BFLOAT16, {1, N, D}),
+                           ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}), sm = tensor(index, {1, N}),
+                           pos = tensor(index, {1, N});
         decode_update_and_maybe_write_cache_batched(&cache, &tail, &tsm, &key, &score, &ape, &sm, &pos, P, D, 1,
                                                     &exec);
         return;

@@ -704,6 +704,9 @@ TEST(BadInputDecode, InputShapesAndDtypes) {
     { DecodeCall c; c.smd.dtype = KPOOL_DTYPE_FLOAT32; c.check({"slot_mapping"}); }
     { DecodeCall c; c.pd.shape[1] = c.N - 2; c.check({"positions"}); }
     { DecodeCall c; c.pd.dtype = KPOOL_DTYPE_BOOL; c.check({"positions"}); }
+    // int32 or int64, but one dtype for the three (a kernel variant per dtype).
+    { DecodeCall c; c.pd.dtype = KPOOL_DTYPE_INT64; c.check({"positions", "tail_slot_mapping", "int32"}); }
+    { DecodeCall c; c.smd.dtype = KPOOL_DTYPE_INT64; c.check({"slot_mapping", "tail_slot_mapping", "int64"}); }
     { DecodeCall c; c.k.dtype = KPOOL_DTYPE_FLOAT32; c.check({"key"}); }
     { DecodeCall c; c.k.shape[2] = 64; c.check({"key", "head_dim"}); }
     { DecodeCall c; c.k.ndim = 2; c.check({"key"}); }
@@ -892,7 +895,8 @@ TEST(BadInputExpand, PoolsToTokens) {
     { ToTokensCall c; c.v.dtype = KPOOL_DTYPE_FLOAT32; c.check({"group_valid"}); }
     { ToTokensCall c; c.use_table = c.use_offsets = true; c.check({"page_table", "topk_offsets"}); }
     { ToTokensCall c; c.use_table = true; c.pt.shape[1] = 0; c.check({"page_table"}); }
-    { ToTokensCall c; c.use_table = true; c.pt.shape[0] = c.rows + 1; c.check({"page_table"}); }
+    // Fewer rows than the batch (more are an engine's persistent block table: test_ops.cpp).
+    { ToTokensCall c; c.use_table = true; c.pt.shape[0] = c.rows - 1; c.check({"page_table"}); }
     { ToTokensCall c; c.use_table = true; c.pt.dtype = KPOOL_DTYPE_FLOAT32; c.check({"page_table"}); }
     { ToTokensCall c; c.use_table = true; c.pt.ndim = 1; c.check({"page_table"}); }
     {
@@ -998,6 +1002,10 @@ TEST(BadInputExpand, GroupBudget) {
     EXPECT_EQ(groups, -7);
     st = kpool_status{};
     expect_rejected(kpool_history_group_budget_for_topk(16, 0, &groups, &st), st, {"pool_size"});
+    st = kpool_status{};
+    expect_rejected(kpool_history_group_budget_for_topk(16, -4, &groups, &st), st, {"pool_size"});
+    st = kpool_status{};
+    expect_rejected(kpool_history_group_budget_for_topk(12, 8, &groups, &st), st, {"topk", "pool_size = 8"});
     st = kpool_status{};
     expect_rejected(kpool_history_group_budget_for_topk(16, 4, nullptr, &st), st, {"groups"});
     EXPECT_EQ(groups, -7);

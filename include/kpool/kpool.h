@@ -73,7 +73,8 @@ typedef struct kpool_status {
 } kpool_status;
 
 /* The arithmetic of the softmax pool's approximate steps (compress and
- * decode; SPEC shared numerics 5). Every other step is exact in all of them.
+ * decode: its exp, its weighted sums and its division). Every other step is
+ * exact in all of them.
  * - KPOOL_ARITHMETIC_DEFAULT (0, what a zeroed or NULL exec asks for): TRITON
  *   on CUDA tensors, EXACT on the CPU. Engines get the reference's bytes on
  *   the GPU, and the CPU (which has no such instructions) the contract's.
@@ -141,8 +142,12 @@ kpool_status_code kpool_fwht128_quant_fp8(const kpool_tensor *q, const kpool_ten
                                           kpool_status *status);
 
 /* 2. Softmax-pool P tokens, rotate, quantize, and write one cache row per pool.
- *    kv_cache: uint8 [num_blocks, block_size, 132] (planar pages, see SPEC);
- *    may be NULL when write_cache == 0. slot_k: bf16 [n, P, 128];
+ *    kv_cache: uint8 [num_blocks, block_size, 132] as planar pages: page p
+ *    holds its block_size slots' 128 e4m3 codes (slot s at byte
+ *    p * stride0 + s * 128), then their f32 scales (slot s at byte
+ *    p * stride0 + block_size * 128 + s * 4); cache slot (loc) s of the
+ *    whole cache is page s / block_size, slot s % block_size. The page
+ *    stride is free, a multiple of 4 bytes. May be NULL when write_cache == 0. slot_k: bf16 [n, P, 128];
  *    slot_score: bf16 or f32 [n, P, 128]; ape: f32 [P, 128]; loc: int64 [n];
  *    write_mask: bool/uint8 [n] or NULL. compressed_k (e4m3/uint8 [n, 128]) and
  *    compressed_scale (f32 [n]) are both given for return_compressed, or both
@@ -156,16 +161,28 @@ kpool_status_code kpool_compress_and_write_cache(
 
 /* 3. Copy each request's last P prefill tokens into its tail ring.
  *    tail_kv_cache: bf16 [num_blocks, 2, RING, 128] with strides
- *    (block, half, 128, 1); key, gate_score: bf16 [n, 128]; tslot: int32 or
- *    int64 [n]. */
+ *    (block, half, 128, 1): half 0 the keys, half 1 the gate scores, RING a
+ *    multiple of P; key, gate_score: bf16 [n, 128]; tslot: int32 or int64
+ *    [n], tslot = block * RING + position % RING, negative = padding. Token i
+ *    is seeded when it is among its request's last P (tslot[i + P] is in
+ *    another block, negative, or past n). */
 kpool_status_code kpool_seed_tail_cache(const kpool_tensor *tail_kv_cache, const kpool_tensor *key,
                                         const kpool_tensor *gate_score, const kpool_tensor *tslot,
                                         int32_t pool_size, int32_t head_dim,
                                         const kpool_exec *exec, kpool_status *status);
 
 /* 4. One decode step of B requests x N tokens, in token order per request.
- *    tail_slot_mapping, slot_mapping, positions: int32 [B, N];
- *    key, slot_score: bf16 [B, N, 128]; ape: f32 [P, 128]. */
+ *    kv_cache: uint8 [num_blocks, block_size, 132], the planar pages of 2;
+ *    tail_kv_cache: bf16 [num_tail_blocks, 2, RING, 128] as in 3 (half 0
+ *    the keys, half 1 the scores; RING a multiple of P);
+ *    tail_slot_mapping, slot_mapping, positions: int32 or int64 [B, N], all
+ *    three of one dtype; key, slot_score: bf16 [B, N, 128]; ape: f32 [P, 128].
+ *    Token (b, i) with position >= 0 and tail slot t >= 0 is stashed in
+ *    ring position position % RING of tail block t / RING; one that
+ *    completes a pool (position % P == P - 1) with slot_mapping >= 0
+ *    compresses the pool (its P - 1 predecessors from the ring, itself from
+ *    key / slot_score) into cache slot slot_mapping. Negative values write
+ *    nothing. */
 kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
     const kpool_tensor *kv_cache, const kpool_tensor *tail_kv_cache,
     const kpool_tensor *tail_slot_mapping, const kpool_tensor *key, const kpool_tensor *slot_score,
@@ -175,7 +192,8 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
 
 /* 5. pool_ids: int32/int64 [rows, G]; seq_lens: int32 [rows];
  *    out: int32 [rows, G*P + P-1]. With bound_pool_ids != 0, ids >=
- *    seq_len / P are treated as -1 (off in the reference). */
+ *    seq_len / P are treated as -1 (off in the reference). A negative
+ *    seq_len has no tail (-1), as in the reference. */
 kpool_status_code kpool_expand_pools_and_append_tail(const kpool_tensor *pool_ids,
                                                      const kpool_tensor *seq_lens,
                                                      const kpool_tensor *out, int32_t pool_size,
@@ -184,7 +202,8 @@ kpool_status_code kpool_expand_pools_and_append_tail(const kpool_tensor *pool_id
                                                      kpool_status *status);
 
 /* 6. group_ids: int32/int64 [rows, topk/P]; group_valid: bool [rows, topk/P];
- *    page_table: int32 [rows, W] or NULL; topk_offsets: int64 [rows] or
+ *    page_table: int32 [R >= rows, W] (rows past `rows` are not read) or
+ *    NULL; topk_offsets: int64 [rows] or
  *    [rows, 1] or NULL (not both); out: int32 [rows, topk]. */
 kpool_status_code kpool_expand_pools_to_tokens(const kpool_tensor *group_ids,
                                                const kpool_tensor *group_valid,
@@ -239,7 +258,8 @@ kpool_status_code kpool_cuda_loaded_images(int32_t device_index, kpool_cuda_imag
 kpool_status_code kpool_check_index_errors(int32_t device_index, const kpool_exec *exec,
                                            kpool_status *status);
 
-/* topk / P, the number of pools to select; rejects topk % P != 0. */
+/* topk / P, the number of pools to select: any pool_size >= 1 (arithmetic,
+ * no kernel); rejects topk % P != 0. */
 kpool_status_code kpool_history_group_budget_for_topk(int64_t topk, int32_t pool_size,
                                                       int64_t *groups, kpool_status *status);
 

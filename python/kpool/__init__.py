@@ -18,7 +18,7 @@ devices and device failures; all are ``kpool.KpoolError`` with a ``code``.
 
 Compress and decode run, by default, the reference's own GPU instructions on
 CUDA tensors (bit for bit with it) and the contract's exact arithmetic
-(SPEC.md) on the CPU; ``kpool.set_arithmetic("exact")`` or ``("triton")``
+(a correctly rounded exp and IEEE division) on the CPU; ``kpool.set_arithmetic("exact")`` or ``("triton")``
 asks for one of them everywhere (triton needs CUDA tensors).
 """
 

@@ -58,7 +58,13 @@ SCHEMAS = {
 }
 
 
+def _not_a_tensor(x, name):
+    return KpoolTypeError(f"{name} is a {type(x).__name__}, expected a torch.Tensor")
+
+
 def _rows(x, name, ndim, what):
+    if not isinstance(x, Tensor):
+        raise _not_a_tensor(x, name)
     if x.dim() != ndim:
         raise KpoolValueError(f"{name} has shape {list(x.shape)} ({x.dim()} dims), expected {what}")
     return x.shape[0]
@@ -190,7 +196,11 @@ def _eager(t) -> bool:
 
 def _integer(x, name, dtype):
     """x, or x converted where the reference converts it too (``.to(dtype)``)."""
-    if x is None or x.dtype == dtype:
+    if x is None or (type(x) is Tensor and x.dtype == dtype):
+        return x
+    if not isinstance(x, Tensor):
+        raise _not_a_tensor(x, name)
+    if x.dtype == dtype:
         return x
     if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
         raise KpoolTypeError(f"{name} has dtype {str(x.dtype).replace('torch.', '')}, expected an integer dtype")
@@ -201,6 +211,32 @@ def _index_ids(ids, name):
     return ids if ids.dtype in (I32, I64) else _integer(ids, name, I64)
 
 
+def _require_tensors(**tensors):
+    """The traced path's argument check (torch.ops' own schema error would
+    not name the argument as kpool's errors do); None is passed through for
+    the runtime to name."""
+    for name, x in tensors.items():
+        if x is not None and not isinstance(x, Tensor):
+            raise _not_a_tensor(x, name)
+
+
+def _as_index(x, name, dtype):
+    """An index tensor of another integer dtype (int8, int16, uint8, ... as
+    the reference's kernels load them) as ``dtype``: the same values."""
+    if not isinstance(x, Tensor):
+        raise _not_a_tensor(x, name)
+    return _integer(x, name, dtype)
+
+
+def _decode_indices(tail_slot_mapping, slot_mapping, positions):
+    """The decode kernels take their three index tensors in one dtype, int32
+    or int64: any other mix of integer dtypes is converted, to int64 where
+    one of them is int64 (values kept), else to int32."""
+    named = {"tail_slot_mapping": tail_slot_mapping, "slot_mapping": slot_mapping, "positions": positions}
+    wide = any(isinstance(x, Tensor) and x.dtype == I64 for x in named.values())
+    return tuple(_as_index(x, name, I64 if wide else I32) for name, x in named.items())
+
+
 def fwht128_quant_fp8(q):
     if _eager(q):
         return _fwht_kernel(q)
@@ -209,15 +245,23 @@ def fwht128_quant_fp8(q):
 
 def compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, pool_size, head_dim, write_mask, round_scale,
                              return_compressed, write_cache):
-    if slot_score.dtype.is_floating_point and slot_score.dtype not in (BF16, F32):
+    try:
+        widen = slot_score.dtype not in (BF16, F32) and slot_score.dtype.is_floating_point
+    except AttributeError:  # None or no tensor: named by the runtime or here
+        widen = False
+        _require_tensors(slot_score=slot_score)
+    if widen:
         slot_score = slot_score.to(F32)  # what the reference's loads do
     args = (kv_cache if write_cache else None, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim,
             bool(round_scale), bool(write_cache))
+    eager = _eager(slot_k)
+    if not eager:
+        _require_tensors(kv_cache=kv_cache, slot_score=slot_score, ape=ape, loc=loc, write_mask=write_mask)
     if return_compressed:
-        if _eager(slot_k):
+        if eager:
             return _compress_to_rows_kernel(*args)
         return ops.compress_to_rows(*args)
-    if _eager(slot_k):
+    if eager:
         _compress_kernel(*args)
     else:
         ops.compress_and_write_cache(*args)
@@ -225,15 +269,21 @@ def compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, pool_size, 
 
 
 def seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
+    if type(tslot) is not Tensor or tslot.dtype not in (I32, I64):
+        tslot = _as_index(tslot, "tslot", I32)
     if _eager(key):
         _seed_kernel(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)
     else:
+        _require_tensors(tail_kv_cache=tail_kv_cache, gate_score=gate_score)
         ops.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)
 
 
 def decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
                                                 slot_mapping, positions, pool_size, head_dim, round_scale,
                                                 return_skipped):
+    if not (type(tail_slot_mapping) is Tensor and type(slot_mapping) is Tensor and type(positions) is Tensor
+            and tail_slot_mapping.dtype == slot_mapping.dtype == positions.dtype and positions.dtype in (I32, I64)):
+        tail_slot_mapping, slot_mapping, positions = _decode_indices(tail_slot_mapping, slot_mapping, positions)
     args = (kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
             head_dim, bool(round_scale))
     if _eager(key):
@@ -242,6 +292,7 @@ def decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_sl
     if return_skipped:
         raise KpoolValueError("return_skipped=True is for eager calls: the count is a host value, which a traced "
                               "graph cannot return")
+    _require_tensors(kv_cache=kv_cache, tail_kv_cache=tail_kv_cache, slot_score=slot_score, ape=ape)
     ops.decode_update_and_maybe_write_cache_batched(*args)
     return None
 
@@ -251,6 +302,7 @@ def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, 
             _integer(topk_offsets, "topk_offsets", I64), topk, pool_size)
     if _eager(group_ids):
         return _expand_to_tokens_kernel(*args)
+    _require_tensors(group_valid=group_valid)
     return ops.expand_pools_to_tokens(*args)
 
 

@@ -13,6 +13,7 @@ which torch.compile traces); numpy arrays through the ctypes calls here.
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _lib
 from ._calls import ctypes_calls as _c
@@ -34,6 +35,7 @@ from ._tensors import (
     cast,
     dtype_label,
     empty,
+    is_array,
     is_float_dtype,
     is_integer_dtype,
     kpool_dtype,
@@ -45,6 +47,13 @@ try:
     from . import _torch_ops
 except (ImportError, OSError):  # no torch (or one that does not import): numpy arrays only
     _torch_ops = None
+
+if TYPE_CHECKING:  # for the annotations only: neither is imported at run time
+    import numpy
+    import torch
+
+    # A torch tensor (CPU or CUDA) or a numpy array (CPU).
+    Array = Union[torch.Tensor, numpy.ndarray]
 
 # The indexer head dimension: the Hadamard transform is the 128-point one.
 INDEX_HEAD_DIM = KPOOL_HEAD_DIM
@@ -67,12 +76,30 @@ def _converted(x, name, code, *, integer=True):
     return cast(x, code)
 
 
+def _decode_indices(tail_slot_mapping, slot_mapping, positions):
+    """The decode kernels take their three index tensors in one dtype, int32
+    or int64: other integer dtypes and mixes are converted (int64 where one
+    of them is int64, else int32), keeping the values."""
+    named = {"tail_slot_mapping": tail_slot_mapping, "slot_mapping": slot_mapping, "positions": positions}
+    codes = [kpool_dtype(x, name) if is_array(x) else None for name, x in named.items()]
+    if codes[0] in (KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64) and codes.count(codes[0]) == 3:
+        return tail_slot_mapping, slot_mapping, positions
+    code = KPOOL_DTYPE_INT64 if KPOOL_DTYPE_INT64 in codes else KPOOL_DTYPE_INT32
+    return tuple(_index(x, name, code) for name, x in named.items())
+
+
+def _index(x, name, code):
+    if not is_array(x):
+        raise KpoolTypeError(f"{name} is a {type(x).__name__}, expected a torch.Tensor or a numpy.ndarray")
+    return _converted(x, name, code)
+
+
 def _torch(x) -> bool:
     return _torch_ops is not None and isinstance(x, _torch_ops.Tensor)
 
 
 # --- 1. FWHT + fp8 quant ----------------------------------------------------------
-def fwht128_quant_fp8(q):
+def fwht128_quant_fp8(q: Array) -> Tuple[Array, Array]:
     """Hadamard-128 rotation of each bf16 row of ``q [rows, 128]``, then
     per-row ue8m0-scaled e4m3 quantization.
 
@@ -90,18 +117,18 @@ def fwht128_quant_fp8(q):
 
 # --- 2. compress pools into the cache ------------------------------------------------
 def kpool_compress_and_write_cache(
-    kv_cache,
-    slot_k,
-    slot_score,
-    ape,
-    loc,
-    pool_size,
-    head_dim=INDEX_HEAD_DIM,
-    write_mask=None,
-    round_scale=True,
-    return_compressed=False,
-    write_cache=True,
-):
+    kv_cache: Optional[Array],
+    slot_k: Array,
+    slot_score: Array,
+    ape: Array,
+    loc: Array,
+    pool_size: int,
+    head_dim: int = INDEX_HEAD_DIM,
+    write_mask: Optional[Array] = None,
+    round_scale: bool = True,
+    return_compressed: bool = False,
+    write_cache: bool = True,
+) -> Optional[Tuple[Array, Array]]:
     """Softmax-pool each pool's ``pool_size`` tokens, rotate, quantize, and
     write one row (128 e4m3 bytes + one f32 scale) of the paged ``kv_cache``
     at ``loc``, in place.
@@ -138,44 +165,48 @@ def kpool_compress_and_write_cache(
 
 
 # --- 3. seed the tail rings ----------------------------------------------------------
-def kpool_seed_tail_cache(tail_kv_cache, key, gate_score, tslot, kpool, head_dim=INDEX_HEAD_DIM):
+def kpool_seed_tail_cache(tail_kv_cache: Array, key: Array, gate_score: Array, tslot: Array, kpool: int,
+                          head_dim: int = INDEX_HEAD_DIM) -> None:
     """Copy each request's last ``kpool`` (= pool size) prefill tokens, raw K
     and gate score, into its tail ring, in place.
 
     tail_kv_cache bf16 ``[num_blocks, 2, RING, 128]`` (block and half strides
     free, e.g. a view of a padded allocation); key, gate_score bf16
     ``[n, 128]``; tslot int32 or int64 ``[n]`` (``block * RING + pos % RING``,
-    negative = padding). Returns None.
+    negative = padding; other integer dtypes converted). Returns None.
     """
     if _torch(key):
         return _torch_ops.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, kpool, head_dim)
+    if kpool_dtype(tslot, "tslot") not in (KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64):
+        tslot = _converted(tslot, "tslot", KPOOL_DTYPE_INT32)  # int8, int16, uint8 ...: the same values
     _c.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, _i32(kpool, "kpool"), _i32(head_dim, "head_dim"))
     return None
 
 
 # --- 4. one decode step ----------------------------------------------------------------
 def kpool_decode_update_and_maybe_write_cache_batched(
-    kv_cache,
-    tail_kv_cache,
-    tail_slot_mapping,
-    key,
-    slot_score,
-    ape,
-    slot_mapping,
-    positions,
-    pool_size,
-    head_dim=INDEX_HEAD_DIM,
-    round_scale=True,
+    kv_cache: Array,
+    tail_kv_cache: Array,
+    tail_slot_mapping: Array,
+    key: Array,
+    slot_score: Array,
+    ape: Array,
+    slot_mapping: Array,
+    positions: Array,
+    pool_size: int,
+    head_dim: int = INDEX_HEAD_DIM,
+    round_scale: bool = True,
     *,
-    return_skipped=False,
-):
+    return_skipped: bool = False,
+) -> Optional[int]:
     """One decode step of ``B`` requests x ``N`` tokens, each request's tokens
     in order: a token that completes a pool (``slot_mapping >= 0``,
     ``pos % P == P-1``) compresses it from its tail ring plus itself and
     writes it at ``slot_mapping``; then every token with ``pos >= 0`` and
     ``tail_slot >= 0`` is stashed into its ring. Updates both caches in place.
 
-    int32 ``[B, N]`` tail_slot_mapping / slot_mapping / positions; bf16
+    int32 or int64 ``[B, N]`` tail_slot_mapping / slot_mapping / positions
+    (other integer dtypes and mixes converted, keeping the values); bf16
     ``[B, N, 128]`` key / slot_score; f32 ``[P, 128]`` ape.
 
     Differs from the reference on one defect: a completion whose
@@ -189,6 +220,7 @@ def kpool_decode_update_and_maybe_write_cache_batched(
         return _torch_ops.decode_update_and_maybe_write_cache_batched(
             kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
             head_dim, round_scale, return_skipped)
+    tail_slot_mapping, slot_mapping, positions = _decode_indices(tail_slot_mapping, slot_mapping, positions)
     skipped = _c.decode_update_and_maybe_write_cache_batched(
         kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
         _i32(pool_size, "pool_size"), _i32(head_dim, "head_dim"), int(bool(round_scale)))
@@ -196,9 +228,10 @@ def kpool_decode_update_and_maybe_write_cache_batched(
 
 
 # --- 5. pool-level top-k helpers --------------------------------------------------------
-def history_group_budget_for_topk(topk, pool_size):
+def history_group_budget_for_topk(topk: int, pool_size: int) -> int:
     """How many pools to select so that expanding them yields ``topk`` tokens
-    (``topk // pool_size``; ``topk`` must be a multiple of ``pool_size``)."""
+    (``topk // pool_size``; ``topk`` must be a multiple of ``pool_size``,
+    any ``pool_size >= 1``)."""
     groups = ctypes.c_int64()
     status = new_status()
     code = _lib.load().kpool_history_group_budget_for_topk(
@@ -221,10 +254,11 @@ def _index_ids(ids, name):
     return _converted(ids, name, KPOOL_DTYPE_INT64)
 
 
-def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table=None, topk_offsets=None):
+def expand_pools_to_tokens(group_ids: Array, group_valid: Array, topk: int, pool_size: int,
+                           page_table: Optional[Array] = None, topk_offsets: Optional[Array] = None) -> Array:
     """Expand selected pool ids ``[rows, topk / P]`` to token ids
     ``[rows, topk]`` int32 (pool ``g`` -> tokens ``g*P .. g*P+P-1``), -1 where
-    ``group_valid`` is false; optionally through ``page_table [rows, W]``
+    ``group_valid`` is false; optionally through ``page_table [R >= rows, W]``
     (gather, index clamped to ``[0, W-1]``) or plus per-row ``topk_offsets``
     (``[rows]`` or ``[rows, 1]``), not both."""
     if _torch(group_ids):
@@ -239,7 +273,8 @@ def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table=N
     return out
 
 
-def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table=None, topk_offsets=None):
+def append_tail_to_topk(topk_result: Array, seq_lens: Array, pool_lens: Array, pool_size: int,
+                        page_table: Optional[Array] = None, topk_offsets: Optional[Array] = None) -> Array:
     """Append each row's incomplete trailing pool (tokens
     ``[pool_len * P, seq_len)``, then -1) after its ``topk_result [rows, C]``
     int32 history: returns ``[rows, C + P - 1]`` int32. Tail token ids go
@@ -267,7 +302,8 @@ def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table=
     return out
 
 
-def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids=False):
+def expand_pools_and_append_tail(pool_ids: Array, seq_lens: Array, pool_size: int,
+                                 bound_pool_ids: bool = False) -> Array:
     """``expand_pools_to_tokens`` + ``append_tail_to_topk`` on the identity
     path in one kernel: ``pool_ids [rows, G]`` (negative = none) and
     ``seq_lens [rows]`` -> int32 ``[rows, G*P + P-1]``, the trailing pool

@@ -114,6 +114,21 @@ static int read_layout(PyObject *t, kpool_tensor *d) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* The error for an argument that is no torch tensor (a list, a numpy array
+ * among torch tensors, ...): found only after the fast path failed. */
+static int not_a_tensor(PyObject *t, const char *name) {
+    PyObject *type_name = PyType_GetName(Py_TYPE(t));
+    if (!type_name) return -1;
+    PyObject *text = PyUnicode_FromFormat("%s is a %U, expected a torch.Tensor (this call's tensors are torch "
+                                          "tensors)", name, type_name);
+    Py_DECREF(type_name);
+    if (text) {
+        PyErr_SetObject(type_error, text);
+        Py_DECREF(text);
+    }
+    return -1;
+}
+
 static int describe(call *c, int i, PyObject *t, const char *name, int flags) {
     if (t == Py_None) {
         c->arg[i] = NULL;
@@ -121,11 +136,20 @@ static int describe(call *c, int i, PyObject *t, const char *name, int flags) {
     }
     kpool_tensor *d = &c->desc[i];
     PyObject *dtype = PyObject_GetAttr(t, s_dtype);
-    if (!dtype) return -1;
+    if (!dtype) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear();
+        return not_a_tensor(t, name);
+    }
     int code = -1;
     for (int k = 0; k < KPOOL_DTYPES; k++)
         if (torch_dtypes[k] == dtype) code = k;
     if (code < 0) {
+        /* torch.int32's type is torch.dtype: anything else is not a torch tensor's */
+        if (Py_TYPE(dtype) != Py_TYPE(torch_dtypes[KPOOL_DTYPE_INT32])) {
+            Py_DECREF(dtype);
+            return not_a_tensor(t, name);
+        }
         PyObject *text = PyUnicode_FromFormat("%s has dtype %S, which kpool does not take", name, dtype);
         Py_DECREF(dtype);
         if (text) {

@@ -67,6 +67,9 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
         require_row_scales_shape(compressed_scale);
     }
     TensorArg kv_cache{};
+    // Per pool: on a device, tensors past the kernels' 32-bit offsets run
+    // in ranges of pools, one launch each (the cache is addressed by loc).
+    std::vector<const TensorArg *> per_pool{&slot_k, &slot_score, &loc};
     std::vector<const TensorArg *> args{&slot_k, &slot_score, &ape, &loc};
     if (write_cache) {
         kv_cache = require_kv_cache(kv_cache_);
@@ -74,11 +77,13 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
     }
     if (mask) {
         args.push_back(mask);
+        per_pool.push_back(mask);
     }
     if (return_compressed) {
         args.insert(args.end(), {&compressed_k, &compressed_scale});
+        per_pool.insert(per_pool.end(), {&compressed_k, &compressed_scale});
     }
-    Placement where(args, exec);
+    Placement where(args, exec, per_pool);
     where.require_pool_arithmetic();
     if (write_cache && where.on_host()) {
         require_locs_in_cache(loc, kv_cache, mask);
@@ -92,32 +97,44 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
 
     const char *op = "kpool_compress_and_write_cache";
     const ElementType score_type = slot_score.t->dtype == KPOOL_DTYPE_FLOAT32 ? ElementType::f32 : ElementType::bf16;
-    HalideBuffer key = wrap(slot_k), score = wrap(slot_score), ape_b = wrap(ape);
-    where.attach(key), where.attach(score), where.attach(ape_b);
+    HalideBuffer ape_b = wrap(ape);
+    where.attach(ape_b);
     // With the strides (the kernel checks them), whether rows start 16-byte
-    // aligned: the CUDA kernels then load 4 f32 at once.
+    // aligned: the CUDA kernels then load 4 f32 at once. (A range's slices
+    // start at whole pools: aligned where the whole tensor is and its pool
+    // stride keeps it so, which the kernel's stride check covers.)
     const bool aligned_data = starts_16_byte_aligned(slot_k) && starts_16_byte_aligned(slot_score) &&
                               starts_16_byte_aligned(ape);
-    // A cache without slots takes no write (every loc is a sentinel; on a
-    // device the kernel would skip them): no kernel on empty views.
-    if (write_cache && kv_cache.numel() > 0) {
-        HalideBuffer locs = wrap(loc), flags = mask ? wrap(*mask) : where.all_true(n);
-        if (mask) {
-            where.attach(flags);
+    for (RowRange r : where.row_ranges(n, per_pool)) {
+        // The range's pools (views of the same memory).
+        auto pools = [r](const TensorArg &a, kpool_tensor &slice) {
+            slice = row_slice(a, r);
+            return TensorArg{a.name, &slice};
+        };
+        kpool_tensor k_rows, s_rows, loc_rows, mask_rows, codes_rows, scale_rows;
+        HalideBuffer key = wrap(pools(slot_k, k_rows)), score = wrap(pools(slot_score, s_rows));
+        where.attach(key), where.attach(score);
+        // A cache without slots takes no write (every loc is a sentinel; on a
+        // device the kernel would skip them): no kernel on empty views.
+        if (write_cache && kv_cache.numel() > 0) {
+            HalideBuffer locs = wrap(pools(loc, loc_rows)),
+                         flags = mask ? wrap(pools(*mask, mask_rows)) : where.all_true(r.count);
+            if (mask) {
+                where.attach(flags);
+            }
+            CacheViews cache = wrap_kv_cache(kv_cache);
+            where.launch<Kernel::COMPRESS_TO_CACHE>(
+                op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(), ape_b.raw_buffer(), round_scale != 0, aligned_data,
+                where.attach(locs).raw_buffer(), flags.raw_buffer(), where.attach(cache.codes).raw_buffer(),
+                where.attach(cache.scales).raw_buffer());
         }
-        CacheViews cache = wrap_kv_cache(kv_cache);
-        where.launch<Kernel::COMPRESS_TO_CACHE>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
-                                                ape_b.raw_buffer(), round_scale != 0, aligned_data,
-                                                where.attach(locs).raw_buffer(),
-                                                flags.raw_buffer(), where.attach(cache.codes).raw_buffer(),
-                                                where.attach(cache.scales).raw_buffer());
-    }
-    if (return_compressed) {
-        HalideBuffer codes = wrap(compressed_k), scales = wrap_row_scales(compressed_scale);
-        where.launch<Kernel::COMPRESS_TO_ROWS>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
-                                               ape_b.raw_buffer(), round_scale != 0, aligned_data,
-                                               where.attach(codes).raw_buffer(),
-                                               where.attach(scales).raw_buffer());
+        if (return_compressed) {
+            HalideBuffer codes = wrap(pools(compressed_k, codes_rows)),
+                         scales = wrap_row_scales(pools(compressed_scale, scale_rows));
+            where.launch<Kernel::COMPRESS_TO_ROWS>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
+                                                   ape_b.raw_buffer(), round_scale != 0, aligned_data,
+                                                   where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
+        }
     }
 }
 

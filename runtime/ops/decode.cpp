@@ -36,19 +36,26 @@ int64_t decode_update_and_maybe_write_cache_batched(
     TensorArg key = require_keys("key", key_);
     TensorArg score = require_scores("slot_score", slot_score_, {KPOOL_DTYPE_BFLOAT16}, key);
     TensorArg ape = require_ape(ape_, pool_size);
-    auto per_token = [&](const char *name, const kpool_tensor *t) {
-        TensorArg a = require_tensor(name, t, {KPOOL_DTYPE_INT32}, 2);
+    // int32 or int64, all three of one type (a kernel variant per type).
+    auto per_token = [&](const char *name, const kpool_tensor *t, const TensorArg *first) {
+        TensorArg a = require_tensor(name, t, {KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64}, 2);
+        if (first != nullptr && a.t->dtype != first->t->dtype) {
+            throw invalid() << name << " has dtype " << kpool_dtype_name(a.t->dtype) << " but " << first->name
+                            << " has " << kpool_dtype_name(first->t->dtype)
+                            << ": tail_slot_mapping, slot_mapping and positions must share one integer dtype";
+        }
         require_same_dim(a, 0, key, 0);
         require_same_dim(a, 1, key, 1);
         require_int32_strides(a);
         return a;
     };
-    TensorArg tail_slots = per_token("tail_slot_mapping", tail_slot_mapping_);
-    TensorArg slots = per_token("slot_mapping", slot_mapping_);
-    TensorArg positions = per_token("positions", positions_);
+    TensorArg tail_slots = per_token("tail_slot_mapping", tail_slot_mapping_, nullptr);
+    TensorArg slots = per_token("slot_mapping", slot_mapping_, &tail_slots);
+    TensorArg positions = per_token("positions", positions_, &tail_slots);
+    const ElementType indices = index_type(tail_slots);
     Placement where({&kv_cache, &tail, &key, &score, &ape, &tail_slots, &slots, &positions}, exec);
     where.require_pool_arithmetic();
-    // Completions without a tail block write nothing (SPEC, reference
+    // Completions without a tail block write nothing (README, reference
     // defects); on the host they are counted, on a device the count
     // would need a copy back, so it is reported as -1.
     int64_t skipped = where.on_host() ? 0 : -1;
@@ -78,17 +85,17 @@ int64_t decode_update_and_maybe_write_cache_batched(
     // Completions read the ring as it was before this call's stashes. A
     // device runs both in one kernel (a request's completions, then its
     // stashes), the CPU as two.
-    if (kv_cache.numel() > 0 && where.has_kernel(Kernel::DECODE_UPDATE, pool_size, ElementType::bf16)) {
+    if (kv_cache.numel() > 0 && where.has_kernel(Kernel::DECODE_UPDATE, pool_size, indices)) {
         HalideBuffer t_out = wrap_tail(tail);
         auto launch = [&](auto layout) {
-            where.launch<decltype(layout)::value>(op, pool_size, ElementType::bf16, t.raw_buffer(), ts.raw_buffer(),
+            where.launch<decltype(layout)::value>(op, pool_size, indices, t.raw_buffer(), ts.raw_buffer(),
                                                   k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(),
                                                   pos.raw_buffer(), round_scale != 0, cache.codes.raw_buffer(),
                                                   cache.scales.raw_buffer(), where.attach(t_out).raw_buffer());
         };
         const Kernel layout = decode_update_layout(where.family(), pool_size, key.dim(1));
         if (layout == Kernel::DECODE_UPDATE_BY_REQUEST &&
-            where.has_kernel(Kernel::DECODE_UPDATE_BY_REQUEST, pool_size, ElementType::bf16)) {
+            where.has_kernel(Kernel::DECODE_UPDATE_BY_REQUEST, pool_size, indices)) {
             launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_BY_REQUEST>());
         } else {
             launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE>());
@@ -98,12 +105,12 @@ int64_t decode_update_and_maybe_write_cache_batched(
     // Otherwise two kernels, in this order on the caller's stream (without
     // a K cache, only the stashes).
     if (kv_cache.numel() > 0) {
-        where.launch<Kernel::DECODE_WRITE_CACHE>(op, pool_size, ElementType::bf16, t.raw_buffer(), ts.raw_buffer(),
+        where.launch<Kernel::DECODE_WRITE_CACHE>(op, pool_size, indices, t.raw_buffer(), ts.raw_buffer(),
                                                  k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(),
                                                  pos.raw_buffer(), round_scale != 0, cache.codes.raw_buffer(),
                                                  cache.scales.raw_buffer());
     }
-    where.launch<Kernel::DECODE_STASH_TAIL>(op, 0, ElementType::none, ts.raw_buffer(), k.raw_buffer(), s.raw_buffer(),
+    where.launch<Kernel::DECODE_STASH_TAIL>(op, 0, indices, ts.raw_buffer(), k.raw_buffer(), s.raw_buffer(),
                                             pos.raw_buffer(), t.raw_buffer());
     return skipped;
 }

@@ -15,7 +15,9 @@ HalideBuffer wrap_vector(const TensorArg &a) {
     return a.t->ndim == 2 ? b.sliced(0, 0) : b;
 }
 
-// Optional page table [rows, W >= 1] or offsets [rows] / [rows, 1], not both.
+// Optional page table [R >= rows, W >= 1] (an engine's persistent block
+// table: rows past the batch are not read) or offsets [rows] / [rows, 1],
+// not both.
 // The optional tensors, validated; the buffers are made by bind().
 struct TokenMapArgs {
     int mode = 0;  // 0 identity, 1 page table, 2 offsets (kpool_expand.cpp)
@@ -41,9 +43,9 @@ TokenMapArgs token_map(const kpool_tensor *page_table, const kpool_tensor *topk_
     }
     if (page_table != nullptr) {
         TensorArg pt = require_tensor("page_table", page_table, {KPOOL_DTYPE_INT32}, 2);
-        if (pt.dim(0) != rows || pt.dim(1) < 1) {
-            throw invalid() << "page_table has shape [" << pt.dim(0) << ", " << pt.dim(1) << "], expected [" << rows
-                            << ", W >= 1]";
+        if (pt.dim(0) < rows || pt.dim(1) < 1) {
+            throw invalid() << "page_table has shape [" << pt.dim(0) << ", " << pt.dim(1) << "], expected [R >= "
+                            << rows << ", W >= 1]";
         }
         require_int32_strides(pt);
         m.mode = 1;
@@ -66,14 +68,6 @@ TensorArg require_int32_vector(const char *name, const kpool_tensor *t, int64_t 
     require_dim(v, 0, rows, "rows");
     require_int32_strides(v);
     return v;
-}
-
-void require_non_negative(const TensorArg &v) {
-    for (int64_t i = 0; i < v.numel(); i++) {
-        if (index_at(v, i) < 0) {
-            throw invalid() << element_name(v, i) << " = " << index_at(v, i) << " is negative";
-        }
-    }
 }
 
 TensorArg require_out(const kpool_tensor *t, int64_t rows, int64_t cols) {
@@ -102,10 +96,9 @@ void expand_pools_and_append_tail(const kpool_tensor *pool_ids_, const kpool_ten
     const int64_t rows = ids.dim(0);
     TensorArg seq_lens = require_int32_vector("seq_lens", seq_lens_, rows);
     TensorArg out = require_out(out_, rows, ids.dim(1) * pool_size + pool_size - 1);
+    // A negative seq_len is computed as the reference does (no tail, and
+    // with bound_pool_ids no history): it addresses no memory.
     Placement where({&ids, &seq_lens, &out}, exec);
-    if (where.on_host()) {
-        require_non_negative(seq_lens);
-    }
     if (rows == 0 || out.dim(1) == 0) {
         return;
     }
@@ -171,12 +164,18 @@ void append_tail_to_topk(const kpool_tensor *topk_result_, const kpool_tensor *s
                                               int32_t(pool_size), where.attach(o).raw_buffer());
 }
 
+// Arithmetic only, so the reference's rule: any positive pool_size (not just
+// the kernels' powers of two) and any topk it divides.
 void history_group_budget_for_topk(int64_t topk, int32_t pool_size, int64_t *groups) {
-    require_pool_size(pool_size);
+    if (pool_size < 1) {
+        throw invalid() << "pool_size = " << pool_size << " is not positive";
+    }
     if (groups == nullptr) {
         throw invalid() << "groups is NULL";
     }
-    require_topk_multiple(topk, pool_size);
+    if (topk % pool_size != 0) {
+        throw invalid() << "topk = " << topk << " is not a multiple of pool_size = " << pool_size;
+    }
     *groups = topk / pool_size;
 }
 

@@ -4,20 +4,9 @@
 
 namespace kpool::rt {
 
-void fwht128_quant_fp8(const kpool_tensor *q_, const kpool_tensor *q_fp8_, const kpool_tensor *q_scale_,
-                       const kpool_exec *exec) {
-    TensorArg q = require_tensor("q", q_, {KPOOL_DTYPE_BFLOAT16}, 2);
-    require_dim(q, 1, KPOOL_HEAD_DIM, "head_dim");
-    require_inner_contiguous(q);
-    TensorArg q_fp8 = require_tensor("q_fp8", q_fp8_, {KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_UINT8}, 2);
-    require_same_dim(q_fp8, 0, q, 0);
-    require_dim(q_fp8, 1, KPOOL_HEAD_DIM, "head_dim");
-    require_inner_contiguous(q_fp8);
-    require_disjoint_rows(q_fp8);
-    TensorArg q_scale = require_tensor_ranks("q_scale", q_scale_, {KPOOL_DTYPE_FLOAT32}, {1, 2});
-    require_same_dim(q_scale, 0, q, 0);
-    require_row_scales_shape(q_scale);
-    Placement where({&q, &q_fp8, &q_scale}, exec);
+namespace {
+
+void launch_fwht(const Placement &where, const TensorArg &q, const TensorArg &q_fp8, const TensorArg &q_scale) {
     if (q.dim(0) == 0) {
         return;
     }
@@ -34,6 +23,31 @@ void fwht128_quant_fp8(const kpool_tensor *q_, const kpool_tensor *q_fp8_, const
     HalideBuffer in = wrap(q), codes = wrap(q_fp8), scales = wrap_row_scales(q_scale);
     where.launch<Kernel::FWHT>("fwht128_quant_fp8", 0, ElementType::none, where.attach(in).raw_buffer(),
                                where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
+}
+
+}  // namespace
+
+void fwht128_quant_fp8(const kpool_tensor *q_, const kpool_tensor *q_fp8_, const kpool_tensor *q_scale_,
+                       const kpool_exec *exec) {
+    TensorArg q = require_tensor("q", q_, {KPOOL_DTYPE_BFLOAT16}, 2);
+    require_dim(q, 1, KPOOL_HEAD_DIM, "head_dim");
+    require_inner_contiguous(q);
+    TensorArg q_fp8 = require_tensor("q_fp8", q_fp8_, {KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_UINT8}, 2);
+    require_same_dim(q_fp8, 0, q, 0);
+    require_dim(q_fp8, 1, KPOOL_HEAD_DIM, "head_dim");
+    require_inner_contiguous(q_fp8);
+    require_disjoint_rows(q_fp8);
+    TensorArg q_scale = require_tensor_ranks("q_scale", q_scale_, {KPOOL_DTYPE_FLOAT32}, {1, 2});
+    require_same_dim(q_scale, 0, q, 0);
+    require_row_scales_shape(q_scale);
+    // Rows are independent: on a device, tensors past the kernels' 32-bit
+    // offsets run in ranges of rows, one launch each.
+    const std::vector<const TensorArg *> rows{&q, &q_fp8, &q_scale};
+    Placement where(rows, exec, rows);
+    for (RowRange r : where.row_ranges(q.dim(0), rows)) {
+        const kpool_tensor q_rows = row_slice(q, r), fp8_rows = row_slice(q_fp8, r), scale_rows = row_slice(q_scale, r);
+        launch_fwht(where, {q.name, &q_rows}, {q_fp8.name, &fp8_rows}, {q_scale.name, &scale_rows});
+    }
 }
 
 }  // namespace kpool::rt

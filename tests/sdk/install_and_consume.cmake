@@ -35,6 +35,14 @@ if (NOT status EQUAL 0)
     message(FATAL_ERROR "cmake --install failed (${status}):\n${out}")
 endif ()
 
+# The SDK is the C/C++ product alone: the Python package's files (the
+# torch call extension, its copy of libkpool.so) install only with
+# `--component python` (pip).
+file(GLOB_RECURSE python_files "${prefix}/*_torch_calls*" "${prefix}/kpool/*")
+if (python_files)
+    message(FATAL_ERROR "cmake --install wrote the Python package's files into the SDK: ${python_files}")
+endif ()
+
 # The package alone: no package registries, nothing but the prefix to search.
 run("configure the consumer"
     "${CMAKE_COMMAND}" -S "${CONSUMER_SOURCE_DIR}" -B "${consumer_build}" -G "${GENERATOR}"
@@ -89,3 +97,12 @@ run("cc consumer_c.c $(pkg-config --static --cflags --libs kpool)"
 # No rpath here: were libkpool.so linked instead of the archive, it would
 # not load.
 run("consumer_c (pkg-config --static, libkpool.a)" "${WORK_DIR}/consumer_c_pc_static")
+
+# kpool's archive beside another Halide AOT library with its own runtime
+# (an engine's own Halide kernels): one program, both run.
+set(other_includes ${OTHER_HALIDE_INCLUDE})
+list(TRANSFORM other_includes PREPEND "-I")
+run("cc two_runtimes.c libkpool.a <another Halide library and its runtime>"
+    "${C_COMPILER}" "${TWO_RUNTIMES_SOURCE}" -o "${WORK_DIR}/two_runtimes" ${other_includes} ${static_flags}
+    ${OTHER_HALIDE_LIBS} -pthread -ldl)
+run("two_runtimes (libkpool.a beside another Halide runtime)" "${WORK_DIR}/two_runtimes")
