@@ -101,7 +101,7 @@ done
 
 step "host overhead per call (ours vs the reference's launch)" host_overhead.log \
     python3 bench/host_overhead.py --out "$out/kpool_host_overhead.json"
-while read -r line; do summary+=("  $line"); done < <(grep -E '^(extension|op |[a-z_]+ +[0-9])' "$out/host_overhead.log")
+while read -r line; do summary+=("  $line"); done < <(grep -E '^(extension|op |launch floor|where ours goes|[a-z0-9_]+ +[0-9]|  (op|[a-z0-9_]+) +[0-9o])' "$out/host_overhead.log")
 # The softmax-pool ops again in the contract's arithmetic (KPOOL_ARITHMETIC_EXACT).
 step "bench --arithmetic exact" bench_exact.log \
     python3 bench/bench_gpu.py --min-runs 50 --arithmetic exact --only copy,compress,decode \

@@ -24,6 +24,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "kpool/kpool.h"
 
@@ -296,31 +297,37 @@ static kpool_status_code invoke(const op_spec *op, call *c, const int32_t *v, kp
     return KPOOL_ERROR_INTERNAL;
 }
 
-/* Runs one entry point on Python arguments: tensors (or None), then ints.
- * Returns decode's skipped completions (0 for the other ops). */
-static PyObject *run(const op_spec *op, PyObject *const *args, Py_ssize_t nargs) {
+/* Describes a call from Python arguments (tensors or None, then ints) into
+ * *c and values; -1 with an exception set on a bad argument. */
+static int prepare(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, call *c, int32_t *values) {
+    memset(c, 0, sizeof *c);
+    c->cuda_index = -1;
     if (!entry_points[op->entry]) {
         PyErr_SetString(PyExc_RuntimeError, "kpool._torch_calls: bind() was not called");
-        return NULL;
+        return -1;
     }
     if (nargs != op->tensors + op->ints) {
         PyErr_Format(PyExc_TypeError, "%s takes %d arguments (%zd given)", op->name, op->tensors + op->ints,
                      nargs);
-        return NULL;
+        return -1;
     }
+    for (int i = 0; i < op->tensors; i++)
+        if (describe(c, i, args[i], op->tensor_names[i], op->flags[i])) return -1;
+    for (int i = 0; i < op->ints; i++)
+        if (int32_arg(args[op->tensors + i], op->int_names[i], &values[i])) return -1;
+    return prepare_exec(c);
+}
+
+/* Runs one entry point on Python arguments: tensors (or None), then ints.
+ * Returns decode's skipped completions (0 for the other ops). */
+static PyObject *run(const op_spec *op, PyObject *const *args, Py_ssize_t nargs) {
     call c;
-    memset(&c, 0, sizeof c);
-    c.cuda_index = -1;
     int32_t values[4];
     kpool_status status;
     status.message[0] = 0;
     status.skipped_completions = 0;
     PyObject *result = NULL;
-    for (int i = 0; i < op->tensors; i++)
-        if (describe(&c, i, args[i], op->tensor_names[i], op->flags[i])) goto done;
-    for (int i = 0; i < op->ints; i++)
-        if (int32_arg(args[op->tensors + i], op->int_names[i], &values[i])) goto done;
-    if (prepare_exec(&c)) goto done;
+    if (prepare(op, args, nargs, &c, values)) goto done;
     kpool_status_code code;
     Py_BEGIN_ALLOW_THREADS
     code = invoke(op, &c, values, &status);
@@ -367,6 +374,53 @@ ENTRY(decode_update_and_maybe_write_cache_batched, DECODE_SPEC)
 ENTRY(expand_pools_and_append_tail, EXPAND_AND_APPEND_SPEC)
 ENTRY(expand_pools_to_tokens, EXPAND_TO_TOKENS_SPEC)
 ENTRY(append_tail_to_topk, APPEND_TAIL_SPEC)
+
+/* time_calls(name, calls, *arguments): the entry point of function `name`
+ * (one of the above, same arguments) called `calls` times back to back on
+ * descriptors read once, without the GIL; returns the host seconds per
+ * call. It is the C API's share of a call from Python: bench/host_overhead.py
+ * prints it next to the whole call, so the rest is the Python side. */
+static PyObject *time_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const op_spec *const specs[ENTRIES] = {&FWHT_SPEC, &COMPRESS_SPEC, &SEED_SPEC, &DECODE_SPEC,
+                                                  &EXPAND_AND_APPEND_SPEC, &EXPAND_TO_TOKENS_SPEC,
+                                                  &APPEND_TAIL_SPEC};
+    const char *name = nargs >= 2 ? PyUnicode_AsUTF8AndSize(args[0], NULL) : NULL;
+    long calls = nargs >= 2 ? PyLong_AsLong(args[1]) : 0;
+    if (!name || calls < 1 || PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "time_calls(name, calls >= 1, *arguments)");
+        return NULL;
+    }
+    const op_spec *op = NULL;
+    for (int i = 0; i < ENTRIES; i++)
+        if (strcmp(specs[i]->name, name) == 0) op = specs[i];
+    if (!op) {
+        PyErr_Format(PyExc_ValueError, "time_calls: no function %s", name);
+        return NULL;
+    }
+    call c;
+    int32_t values[4];
+    kpool_status status;
+    status.message[0] = 0;
+    PyObject *result = NULL;
+    if (prepare(op, args + 2, nargs - 2, &c, values)) goto done;
+    kpool_status_code code = KPOOL_OK;
+    struct timespec start, end;
+    Py_BEGIN_ALLOW_THREADS
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (long i = 0; i < calls && code == KPOOL_OK; i++) code = invoke(op, &c, values, &status);
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    Py_END_ALLOW_THREADS
+    if (code == KPOOL_OK)
+        result = PyFloat_FromDouble(((double)(end.tv_sec - start.tv_sec) + 1e-9 * (double)(end.tv_nsec - start.tv_nsec)) /
+                                    (double)calls);
+    else
+        finish(code, &status);
+done:
+    release(&c);
+    return result;
+}
 
 static void replace(PyObject **slot, PyObject *value) {
     PyObject *old = *slot;
@@ -426,6 +480,7 @@ static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nar
 static PyMethodDef methods[] = {
     FASTCALL(bind, "Hands over the library's entry points, torch's dtypes, its stream getter and kpool's errors."),
     FASTCALL(configure, "Sets the arithmetic and the index-error words of later calls."),
+    FASTCALL(time_calls, "time_calls(name, calls, *arguments) -> host seconds per call of the entry point alone"),
     FASTCALL(fwht128_quant_fp8, "kpool_fwht128_quant_fp8(q, q_fp8, q_scale)"),
     FASTCALL(compress_and_write_cache, "kpool_compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, "
                                        "write_mask, compressed_k, compressed_scale, pool_size, head_dim, "
