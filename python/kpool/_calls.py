@@ -201,7 +201,22 @@ def bind_tensor_shim(module, torch) -> bool:
     probes = [torch.zeros((3, 8), dtype=torch.bfloat16)[1:, 2:].t(), torch.arange(12).view(3, 4)[2],
               torch.empty((0, 4), dtype=torch.int32)]
     return module.bind_tensor_shim(getters, dtypes, (code("layout_strided"), code("device_type_cpu"),
-                                                     code("device_type_cuda")), torch.Tensor, probes)
+                                                     code("device_type_cuda")), torch.Tensor, probes,
+                                   _current_stream_getter(torch))
+
+
+def _current_stream_getter(torch) -> int:
+    """The address of libtorch_cuda's aoti_torch_get_current_cuda_stream, 0
+    without CUDA (the extension checks it against torch's getter on each
+    device before using it)."""
+    if not torch.cuda.is_available():
+        return 0
+    for path in (None, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")):
+        try:
+            return ctypes.cast(ctypes.CDLL(path).aoti_torch_get_current_cuda_stream, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            continue
+    return 0
 
 
 def _configure(module):

@@ -138,6 +138,10 @@ static struct {
     shim_i64 get_dim;
     shim_array get_sizes, get_strides;
     shim_ptr get_data_ptr;
+    /* aoti_torch_get_current_cuda_stream (libtorch_cuda), or NULL: used on
+     * a device once it has given the stream torch's getter gives there */
+    int32_t (*get_current_stream)(int32_t device_index, void **stream);
+    uint64_t stream_agreed; /* bit i: checked on cuda:i */
     int32_t dtypes[KPOOL_DTYPES]; /* the shim's code of each kpool_dtype; -1: none */
     int32_t strided, cpu, cuda;   /* its codes of the strided layout and the two devices */
     PyObject *tensor_type;        /* torch.Tensor itself: subclasses take the Python interface */
@@ -288,11 +292,24 @@ static int prepare_exec(call *c) {
     c->exec.arithmetic = arithmetic;
     c->exec.index_errors = NULL;
     if (c->cuda_index < 0) return 0;
+    const uint64_t bit = c->cuda_index < 64 ? (uint64_t)1 << c->cuda_index : 0;
+    if (shim.get_current_stream && (shim.stream_agreed & bit)) {
+        if (shim.get_current_stream(c->cuda_index, &c->exec.stream) == 0) goto stream_read;
+        shim.get_current_stream = NULL;
+    }
     PyObject *stream = PyObject_CallFunction(current_stream, "i", c->cuda_index);
     if (!stream) return -1;
     c->exec.stream = PyLong_AsVoidPtr(stream);
     Py_DECREF(stream);
     if (PyErr_Occurred()) return -1;
+    if (shim.get_current_stream && bit) { /* first call on this device: the shim must agree to be used */
+        void *from_shim = NULL;
+        if (shim.get_current_stream(c->cuda_index, &from_shim) == 0 && from_shim == c->exec.stream)
+            shim.stream_agreed |= bit;
+        else
+            shim.get_current_stream = NULL;
+    }
+stream_read:
     if (index_errors_device == c->cuda_index) c->exec.index_errors = index_errors;
     return 0;
 }
@@ -547,18 +564,21 @@ static int shim_agrees(PyObject *probe) {
  * getters: the addresses of aoti_torch_get_{dtype, layout, device_type,
  * device_index, dim, sizes, strides, data_ptr}; dtypes: the shim's code of
  * each kpool_dtype (-1: none); codes: (strided layout, cpu, cuda);
- * tensor_type: torch.Tensor; probes: tensors to check the reads on.
+ * tensor_type: torch.Tensor; probes: tensors to check the reads on;
+ * current_stream: the address of aoti_torch_get_current_cuda_stream, or 0.
  * Returns whether tensors are read through the shim from now on (False
  * when a probe disagrees). bind_tensor_shim(None): never. */
 static PyObject *bind_tensor_shim(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     replace(&shim.tensor_type, NULL);
+    shim.get_current_stream = NULL;
     if (nargs == 1 && args[0] == Py_None) Py_RETURN_FALSE;
-    if (nargs != 5 || !PyTuple_Check(args[0]) || PyTuple_Size(args[0]) != 8 || !PyTuple_Check(args[1]) ||
+    if (nargs != 6 || !PyTuple_Check(args[0]) || PyTuple_Size(args[0]) != 8 || !PyTuple_Check(args[1]) ||
         PyTuple_Size(args[1]) != KPOOL_DTYPES || !PyTuple_Check(args[2]) || PyTuple_Size(args[2]) != 3 ||
         !PyType_Check(args[3]) || !PyList_Check(args[4]) || PyList_Size(args[4]) < 1) {
         PyErr_SetString(PyExc_TypeError, "bind_tensor_shim(getters[8], dtypes[7], (strided, cpu, cuda), "
-                                         "torch.Tensor, [probe tensors]) or bind_tensor_shim(None)");
+                                         "torch.Tensor, [probe tensors], current_stream) or "
+                                         "bind_tensor_shim(None)");
         return NULL;
     }
     void *getters[8];
@@ -581,6 +601,9 @@ static PyObject *bind_tensor_shim(PyObject *self, PyObject *const *args, Py_ssiz
     shim.get_sizes = (shim_array)getters[5];
     shim.get_strides = (shim_array)getters[6];
     shim.get_data_ptr = (shim_ptr)getters[7];
+    shim.get_current_stream = (int32_t(*)(int32_t, void **))PyLong_AsVoidPtr(args[5]);
+    shim.stream_agreed = 0;
+    if (PyErr_Occurred()) return NULL;
     for (int i = 0; i < KPOOL_DTYPES; i++) shim.dtypes[i] = (int32_t)codes[i];
     shim.strided = (int32_t)codes[KPOOL_DTYPES];
     shim.cpu = (int32_t)codes[KPOOL_DTYPES + 1];
@@ -590,6 +613,7 @@ static PyObject *bind_tensor_shim(PyObject *self, PyObject *const *args, Py_ssiz
         int agrees = shim_agrees(PyList_GetItem(args[4], i));
         if (agrees <= 0) {
             replace(&shim.tensor_type, NULL);
+            shim.get_current_stream = NULL;
             if (agrees < 0) return NULL;
             Py_RETURN_FALSE;
         }
