@@ -23,15 +23,11 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")))
 
 import kpool  # noqa: E402
+from conftest import skip_without_kpool_cuda  # noqa: E402
 from kpool import _calls  # noqa: E402
 from test_torch_ops import P, _all_ops, _bytes_equal, _compare, _state  # noqa: E402
 
-try:
-    _version = kpool.version()
-except OSError as e:
-    pytest.skip(f"libkpool.so does not load: {e}", allow_module_level=True)
-if "cuda" not in _version:
-    pytest.skip(f"{kpool.library_path()} has no CUDA path ({_version!r})", allow_module_level=True)
+skip_without_kpool_cuda(pytest, kpool)
 
 DEV = "cuda"
 
