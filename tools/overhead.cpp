@@ -84,7 +84,7 @@ std::vector<Case> smallest_calls(Tensors &t, int32_t *index_errors) {
              return kpool_seed_tail_cache(&tail, &key, &gate, &tslot, P, kD, ex, st);
          }},
         {"decode (1 request x 1 token)", 1, decode_one},
-        {"decode (1 request x 2 tokens)", 2, decode_two},
+        {"decode (1 request x 2 tokens)", 1, decode_two},
         {"expand_pools_and_append_tail (1 row)", 1,
          [=](const kpool_exec *ex, kpool_status *st) {
              return kpool_expand_pools_and_append_tail(&ids, &seq, &out, P, 0, ex, st);
