@@ -207,10 +207,9 @@ def bind_tensor_shim(module, torch) -> bool:
 
 def _current_stream_getter(torch) -> int:
     """The address of libtorch_cuda's aoti_torch_get_current_cuda_stream, 0
-    without CUDA (the extension checks it against torch's getter on each
-    device before using it)."""
-    if not torch.cuda.is_available():
-        return 0
+    in a torch without CUDA (the extension checks it against torch's getter
+    on each device before using it). Only looked up: CUDA is not
+    initialized here."""
     for path in (None, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")):
         try:
             return ctypes.cast(ctypes.CDLL(path).aoti_torch_get_current_cuda_stream, ctypes.c_void_p).value
