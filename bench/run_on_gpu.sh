@@ -87,8 +87,9 @@ step "side by side (kpool's default arithmetic vs the reference)" side_by_side.l
 summary+=("  $(tail -1 "$out/side_by_side.log")")
 while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR|DIFF)|arith_model|boundary|comparisons identical' \
     "$out/side_by_side.log" | head -20)
-step "torch ops: opcheck, torch.compile fullgraph + reduce-overhead, engine module vs the reference" torch_compile.log \
-    python3 -m pytest python/tests/test_torch_ops.py python/tests/test_gpu_torch_compile.py -q -p no:cacheprovider
+step "torch ops: opcheck, torch.compile fullgraph + reduce-overhead, engine module vs the reference, the eager path's streams" \
+    torch_compile.log python3 -m pytest python/tests/test_torch_ops.py python/tests/test_gpu_torch_compile.py \
+    python/tests/test_gpu_host_path.py -q -p no:cacheprovider
 summary+=("  $(tail -1 "$out/torch_compile.log")")
 while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR)' "$out/torch_compile.log" | head -10)
 # The one-kernel decode under compute-sanitizer: shared-memory races, then
