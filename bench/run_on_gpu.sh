@@ -96,8 +96,9 @@ step "side by side (kpool's default arithmetic vs the reference)" side_by_side.l
 summary+=("  $(tail -1 "$out/side_by_side.log")")
 while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR|DIFF)|arith_model|boundary|comparisons identical' \
     "$out/side_by_side.log" | head -20)
-step "torch ops: opcheck, torch.compile fullgraph + reduce-overhead, engine module vs the reference" torch_compile.log \
-    python3 -m pytest python/tests/test_torch_ops.py python/tests/test_gpu_torch_compile.py -q -p no:cacheprovider
+step "torch ops: opcheck, torch.compile fullgraph + reduce-overhead, engine module vs the reference, the eager path's streams" \
+    torch_compile.log python3 -m pytest python/tests/test_torch_ops.py python/tests/test_gpu_torch_compile.py \
+    python/tests/test_gpu_host_path.py -q -p no:cacheprovider
 summary+=("  $(tail -1 "$out/torch_compile.log")")
 while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR)' "$out/torch_compile.log" | head -10)
 # compute-sanitizer, each run capped at KPOOL_SANITIZER_S seconds (default
@@ -124,7 +125,7 @@ done
 
 step "host overhead per call (ours vs the reference's launch)" host_overhead.log \
     python3 bench/host_overhead.py --out "$out/kpool_host_overhead.json"
-while read -r line; do summary+=("  $line"); done < <(grep -E '^(extension|op |[a-z_]+ +[0-9])' "$out/host_overhead.log")
+while read -r line; do summary+=("  $line"); done < <(grep -E '^(extension|op |launch floor|where ours goes|[a-z0-9_]+ +[0-9]|  (op|[a-z0-9_]+) +[0-9o])' "$out/host_overhead.log")
 # The softmax-pool ops again in the contract's arithmetic (KPOOL_ARITHMETIC_EXACT).
 step "bench --arithmetic exact" bench_exact.log \
     python3 bench/bench_gpu.py --min-runs 50 --arithmetic exact --only copy,compress,decode \

@@ -39,7 +39,7 @@ int run_demo(const DemoOptions &options);
 int run_check(const std::string &directory, DeviceChoice device);
 
 // Host µs per C API call of every op on its smallest call, `calls` back to
-// back, next to a bare launch of an empty kernel on a GPU.
+// back, next to the driver's floor under each launch on a GPU.
 int run_overhead(DeviceChoice device, int calls);
 
 }  // namespace kpool_tool

@@ -11,6 +11,10 @@ Two implementations with the same functions:
   tensors only: it reads the tensors and calls the entry points in C, a few
   µs less per call. Looked for next to the loaded libkpool.so; when it is
   absent (or ``$KPOOL_TORCH_CALLS=ctypes``) the ctypes functions stand in.
+  It reads plain tensors through torch's C shim (the ``aoti_torch_get_*``
+  functions of libtorch) once bind_tensor_shim has checked the reads on
+  probe tensors, else (or with ``$KPOOL_TENSOR_SHIM=0``) through their
+  Python interface.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ ENTRY_POINTS = (
 )
 EXTENSION_NAME = "_torch_calls.abi3.so"
 EXTENSION_ENV = "KPOOL_TORCH_CALLS"  # "ctypes": don't load the extension
+SHIM_ENV = "KPOOL_TENSOR_SHIM"  # "0": read tensors through their Python interface
+# What the extension reads a tensor with (torch/csrc/inductor/aoti_torch/c/shim.h),
+# in bind_tensor_shim's order.
+SHIM_GETTERS = ("dtype", "layout", "device_type", "device_index", "dim", "sizes", "strides", "data_ptr")
 
 
 def _run(entry, c, *args):
@@ -147,8 +155,67 @@ def _load_extension():
     dtypes = tuple(torch_dtype_of_code(torch, code) for code in range(_lib.KPOOL_DTYPES))
     module.bind(addresses, dtypes, _current_stream, _lib.error_for, _lib.KpoolTypeError, _lib.KpoolValueError,
                 _lib.KpoolRuntimeError)
+    if os.environ.get(SHIM_ENV) != "0":
+        bind_tensor_shim(module, torch)
     _configure(module)
     return module
+
+
+def _torch_shim(torch):
+    """libtorch's C shim as a ctypes library, or None (an install without it)."""
+    for path in (None, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")):
+        try:
+            lib = ctypes.CDLL(path)
+            lib.aoti_torch_get_sizes  # noqa: B018 (raises AttributeError when absent)
+            return lib
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def bind_tensor_shim(module, torch) -> bool:
+    """Lets the extension read tensors through torch's C shim, after it has
+    checked the reads against the Python interface on probe tensors (a
+    transposed bf16 slice, an offset int64 row, an empty one). Returns
+    whether it does."""
+    lib = _torch_shim(torch)
+    if lib is None:
+        return module.bind_tensor_shim(None)
+    from ._tensors import torch_dtype_of_code
+
+    def code(name):
+        fn = getattr(lib, "aoti_torch_" + name, None)
+        if fn is None:
+            return -1
+        fn.restype = ctypes.c_int32
+        return fn()
+
+    names = {torch.uint8: "uint8", torch.bool: "bool", torch.int32: "int32", torch.int64: "int64",
+             torch.bfloat16: "bfloat16", torch.float32: "float32", getattr(torch, "float8_e4m3fn", None): "float8_e4m3fn"}
+    dtypes = tuple(code("dtype_" + names[d]) if d is not None else -1
+                   for d in (torch_dtype_of_code(torch, c) for c in range(_lib.KPOOL_DTYPES)))
+    try:
+        getters = tuple(ctypes.cast(getattr(lib, "aoti_torch_get_" + g), ctypes.c_void_p).value for g in SHIM_GETTERS)
+    except AttributeError:
+        return module.bind_tensor_shim(None)
+    probes = [torch.zeros((3, 8), dtype=torch.bfloat16)[1:, 2:].t(), torch.arange(12).view(3, 4)[2],
+              torch.empty((0, 4), dtype=torch.int32)]
+    return module.bind_tensor_shim(getters, dtypes, (code("layout_strided"), code("device_type_cpu"),
+                                                     code("device_type_cuda")), torch.Tensor, probes,
+                                   _current_stream_getter(torch))
+
+
+def _current_stream_getter(torch) -> int:
+    """The address of libtorch_cuda's aoti_torch_get_current_cuda_stream, 0
+    in a torch without CUDA (the extension checks it against torch's getter
+    on each device before using it). Only looked up: CUDA is not
+    initialized here."""
+    for path in (None, os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")):
+        try:
+            return ctypes.cast(ctypes.CDLL(path).aoti_torch_get_current_cuda_stream, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            continue
+    return 0
 
 
 def _configure(module):

@@ -24,6 +24,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "kpool/kpool.h"
 
@@ -53,7 +54,7 @@ static int32_t index_errors_device = -1;
 static int32_t *index_errors;
 
 static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_is_cuda, *s_is_cpu, *s_get_device,
-    *s_contiguous;
+    *s_contiguous, *s_cdata;
 
 /* --- one call's descriptors ---------------------------------------------- */
 enum { INNER = 1, OUTPUT = 2 };
@@ -114,6 +115,67 @@ static int read_layout(PyObject *t, kpool_tensor *d) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* --- reading a tensor without its Python interface ------------------------
+ * torch's C shim (torch/csrc/inductor/aoti_torch/c/shim.h, the stable C
+ * API libtorch_cpu exports for compiled models) reads an at::Tensor's
+ * dtype, sizes, strides, data and device in a few ns each, where the Python
+ * interface costs a method call and a new tuple or int per field. Its
+ * handle is the address of the at::Tensor, which a torch.Tensor object
+ * holds right after its PyObject header (THPVariable in
+ * torch/csrc/autograd/python_variable.h). bind_tensor_shim() turns this on
+ * only after checking on probe tensors that the word there is the
+ * TensorImpl address torch reports (Tensor._cdata) and that every field
+ * the shim reads matches the Python interface; a tensor it cannot read
+ * (a subclass, a layout or device kpool does not take) goes through the
+ * Python interface, which also names what is wrong with it. */
+typedef int32_t (*shim_i32)(void *tensor, int32_t *out);
+typedef int32_t (*shim_i64)(void *tensor, int64_t *out);
+typedef int32_t (*shim_array)(void *tensor, int64_t **out);
+typedef int32_t (*shim_ptr)(void *tensor, void **out);
+
+static struct {
+    shim_i32 get_dtype, get_layout, get_device_type, get_device_index;
+    shim_i64 get_dim;
+    shim_array get_sizes, get_strides;
+    shim_ptr get_data_ptr;
+    /* aoti_torch_get_current_cuda_stream (libtorch_cuda), or NULL: used on
+     * a device once it has given the stream torch's getter gives there */
+    int32_t (*get_current_stream)(int32_t device_index, void **stream);
+    uint64_t stream_agreed; /* bit i: checked on cuda:i */
+    int32_t dtypes[KPOOL_DTYPES]; /* the shim's code of each kpool_dtype; -1: none */
+    int32_t strided, cpu, cuda;   /* its codes of the strided layout and the two devices */
+    PyObject *tensor_type;        /* torch.Tensor itself: subclasses take the Python interface */
+} shim;
+
+/* 1: *d holds t's dtype, shape, strides, data and device, read through the
+ * shim; 0: t takes the Python interface. */
+static int read_native(PyObject *t, kpool_tensor *d) {
+    if (!shim.tensor_type || (PyObject *)Py_TYPE(t) != shim.tensor_type) return 0;
+    void *h = (char *)t + sizeof(PyObject);
+    int32_t dtype, layout, device_type, device_index;
+    int64_t ndim, *sizes, *strides;
+    void *data;
+    if (shim.get_layout(h, &layout) || layout != shim.strided || shim.get_dtype(h, &dtype) ||
+        shim.get_dim(h, &ndim) || ndim > KPOOL_MAX_DIMS || shim.get_device_type(h, &device_type) ||
+        (device_type != shim.cpu && device_type != shim.cuda) || shim.get_device_index(h, &device_index) ||
+        shim.get_sizes(h, &sizes) || shim.get_strides(h, &strides) || shim.get_data_ptr(h, &data))
+        return 0;
+    int code = -1;
+    for (int k = 0; k < KPOOL_DTYPES; k++)
+        if (shim.dtypes[k] == dtype) code = k;
+    if (code < 0) return 0;
+    d->dtype = (kpool_dtype)code;
+    d->ndim = (int32_t)ndim;
+    for (int k = 0; k < d->ndim; k++) {
+        d->shape[k] = sizes[k];
+        d->strides[k] = strides[k];
+    }
+    d->data = data;
+    d->device = device_type == shim.cuda ? KPOOL_DEVICE_CUDA : KPOOL_DEVICE_CPU;
+    d->device_index = device_type == shim.cuda ? device_index : 0;
+    return 1;
+}
+
 /* The error for an argument that is no torch tensor (a list, a numpy array
  * among torch tensors, ...): found only after the fast path failed. */
 static int not_a_tensor(PyObject *t, const char *name) {
@@ -129,12 +191,9 @@ static int not_a_tensor(PyObject *t, const char *name) {
     return -1;
 }
 
-static int describe(call *c, int i, PyObject *t, const char *name, int flags) {
-    if (t == Py_None) {
-        c->arg[i] = NULL;
-        return 0;
-    }
-    kpool_tensor *d = &c->desc[i];
+/* t's dtype, shape, strides, data and device through its Python interface;
+ * -1 with an error naming the argument when kpool cannot take it. */
+static int read_python(PyObject *t, kpool_tensor *d, const char *name) {
     PyObject *dtype = PyObject_GetAttr(t, s_dtype);
     if (!dtype) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
@@ -173,22 +232,6 @@ static int describe(call *c, int i, PyObject *t, const char *name, int flags) {
     Py_DECREF(shape);
     if (rc || read_layout(t, d)) return -1;
 
-    int64_t numel = 1;
-    for (int k = 0; k < d->ndim; k++) numel *= d->shape[k];
-    if (numel == 0) { /* addresses nothing: row-major strides, which the layout checks accept */
-        int64_t step = 1;
-        for (int k = d->ndim - 1; k >= 0; k--) {
-            d->strides[k] = step;
-            step *= d->shape[k] > 1 ? d->shape[k] : 1;
-        }
-    } else if (!(flags & OUTPUT) && !addressable(d, flags)) {
-        /* as the reference's .contiguous(); outputs are always written in place */
-        PyObject *copy = PyObject_CallMethodObjArgs(t, s_contiguous, NULL);
-        if (!copy) return -1;
-        c->copies[i] = copy;
-        if (read_layout(copy, d)) return -1;
-    }
-
     PyObject *is_cuda = PyObject_GetAttr(t, s_is_cuda);
     if (!is_cuda) return -1;
     int cuda = PyObject_IsTrue(is_cuda);
@@ -199,7 +242,6 @@ static int describe(call *c, int i, PyObject *t, const char *name, int flags) {
         d->device = KPOOL_DEVICE_CUDA;
         d->device_index = (int32_t)PyLong_AsLong(index);
         Py_DECREF(index);
-        if (c->cuda_index < 0) c->cuda_index = d->device_index;
     } else {
         PyObject *is_cpu = PyObject_GetAttr(t, s_is_cpu);
         if (!is_cpu) return -1;
@@ -217,6 +259,33 @@ static int describe(call *c, int i, PyObject *t, const char *name, int flags) {
         d->device = KPOOL_DEVICE_CPU;
         d->device_index = 0;
     }
+    return 0;
+}
+
+static int describe(call *c, int i, PyObject *t, const char *name, int flags) {
+    if (t == Py_None) {
+        c->arg[i] = NULL;
+        return 0;
+    }
+    kpool_tensor *d = &c->desc[i];
+    if (!read_native(t, d) && read_python(t, d, name)) return -1;
+
+    int64_t numel = 1;
+    for (int k = 0; k < d->ndim; k++) numel *= d->shape[k];
+    if (numel == 0) { /* addresses nothing: row-major strides, which the layout checks accept */
+        int64_t step = 1;
+        for (int k = d->ndim - 1; k >= 0; k--) {
+            d->strides[k] = step;
+            step *= d->shape[k] > 1 ? d->shape[k] : 1;
+        }
+    } else if (!(flags & OUTPUT) && !addressable(d, flags)) {
+        /* as the reference's .contiguous(); outputs are always written in place */
+        PyObject *copy = PyObject_CallMethodObjArgs(t, s_contiguous, NULL);
+        if (!copy) return -1;
+        c->copies[i] = copy;
+        if (read_layout(copy, d)) return -1;
+    }
+    if (d->device == KPOOL_DEVICE_CUDA && c->cuda_index < 0) c->cuda_index = d->device_index;
     c->arg[i] = d;
     return 0;
 }
@@ -247,11 +316,24 @@ static int prepare_exec(call *c) {
     c->exec.arithmetic = arithmetic;
     c->exec.index_errors = NULL;
     if (c->cuda_index < 0) return 0;
+    const uint64_t bit = c->cuda_index < 64 ? (uint64_t)1 << c->cuda_index : 0;
+    if (shim.get_current_stream && (shim.stream_agreed & bit)) {
+        if (shim.get_current_stream(c->cuda_index, &c->exec.stream) == 0) goto stream_read;
+        shim.get_current_stream = NULL;
+    }
     PyObject *stream = PyObject_CallFunction(current_stream, "i", c->cuda_index);
     if (!stream) return -1;
     c->exec.stream = PyLong_AsVoidPtr(stream);
     Py_DECREF(stream);
     if (PyErr_Occurred()) return -1;
+    if (shim.get_current_stream && bit) { /* first call on this device: the shim must agree to be used */
+        void *from_shim = NULL;
+        if (shim.get_current_stream(c->cuda_index, &from_shim) == 0 && from_shim == c->exec.stream)
+            shim.stream_agreed |= bit;
+        else
+            shim.get_current_stream = NULL;
+    }
+stream_read:
     if (index_errors_device == c->cuda_index) c->exec.index_errors = index_errors;
     return 0;
 }
@@ -320,31 +402,37 @@ static kpool_status_code invoke(const op_spec *op, call *c, const int32_t *v, kp
     return KPOOL_ERROR_INTERNAL;
 }
 
-/* Runs one entry point on Python arguments: tensors (or None), then ints.
- * Returns decode's skipped completions (0 for the other ops). */
-static PyObject *run(const op_spec *op, PyObject *const *args, Py_ssize_t nargs) {
+/* Describes a call from Python arguments (tensors or None, then ints) into
+ * *c and values; -1 with an exception set on a bad argument. */
+static int prepare(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, call *c, int32_t *values) {
+    memset(c, 0, sizeof *c);
+    c->cuda_index = -1;
     if (!entry_points[op->entry]) {
         PyErr_SetString(PyExc_RuntimeError, "kpool._torch_calls: bind() was not called");
-        return NULL;
+        return -1;
     }
     if (nargs != op->tensors + op->ints) {
         PyErr_Format(PyExc_TypeError, "%s takes %d arguments (%zd given)", op->name, op->tensors + op->ints,
                      nargs);
-        return NULL;
+        return -1;
     }
+    for (int i = 0; i < op->tensors; i++)
+        if (describe(c, i, args[i], op->tensor_names[i], op->flags[i])) return -1;
+    for (int i = 0; i < op->ints; i++)
+        if (int32_arg(args[op->tensors + i], op->int_names[i], &values[i])) return -1;
+    return prepare_exec(c);
+}
+
+/* Runs one entry point on Python arguments: tensors (or None), then ints.
+ * Returns decode's skipped completions (0 for the other ops). */
+static PyObject *run(const op_spec *op, PyObject *const *args, Py_ssize_t nargs) {
     call c;
-    memset(&c, 0, sizeof c);
-    c.cuda_index = -1;
     int32_t values[4];
     kpool_status status;
     status.message[0] = 0;
     status.skipped_completions = 0;
     PyObject *result = NULL;
-    for (int i = 0; i < op->tensors; i++)
-        if (describe(&c, i, args[i], op->tensor_names[i], op->flags[i])) goto done;
-    for (int i = 0; i < op->ints; i++)
-        if (int32_arg(args[op->tensors + i], op->int_names[i], &values[i])) goto done;
-    if (prepare_exec(&c)) goto done;
+    if (prepare(op, args, nargs, &c, values)) goto done;
     kpool_status_code code;
     Py_BEGIN_ALLOW_THREADS
     code = invoke(op, &c, values, &status);
@@ -392,6 +480,57 @@ ENTRY(expand_pools_and_append_tail, EXPAND_AND_APPEND_SPEC)
 ENTRY(expand_pools_to_tokens, EXPAND_TO_TOKENS_SPEC)
 ENTRY(append_tail_to_topk, APPEND_TAIL_SPEC)
 
+/* time_calls(name, calls, thread_clock, *arguments): the entry point of
+ * function `name` (one of the above, same arguments) called `calls` times
+ * back to back on descriptors read once, without the GIL; returns the
+ * seconds per call, of wall time, or of this thread's CPU time when
+ * thread_clock (steadier on a loaded machine). It is the C API's share of
+ * a call from Python: bench/host_overhead.py prints it next to the whole
+ * call, so the rest is the Python side. */
+static PyObject *time_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const op_spec *const specs[ENTRIES] = {&FWHT_SPEC, &COMPRESS_SPEC, &SEED_SPEC, &DECODE_SPEC,
+                                                  &EXPAND_AND_APPEND_SPEC, &EXPAND_TO_TOKENS_SPEC,
+                                                  &APPEND_TAIL_SPEC};
+    const char *name = nargs >= 3 ? PyUnicode_AsUTF8AndSize(args[0], NULL) : NULL;
+    long calls = nargs >= 3 ? PyLong_AsLong(args[1]) : 0;
+    int thread_clock = nargs >= 3 ? PyObject_IsTrue(args[2]) : -1;
+    if (!name || calls < 1 || thread_clock < 0 || PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "time_calls(name, calls >= 1, thread_clock, *arguments)");
+        return NULL;
+    }
+    const clockid_t clock = thread_clock ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC;
+    const op_spec *op = NULL;
+    for (int i = 0; i < ENTRIES; i++)
+        if (strcmp(specs[i]->name, name) == 0) op = specs[i];
+    if (!op) {
+        PyErr_Format(PyExc_ValueError, "time_calls: no function %s", name);
+        return NULL;
+    }
+    call c;
+    int32_t values[4];
+    kpool_status status;
+    status.message[0] = 0;
+    PyObject *result = NULL;
+    if (prepare(op, args + 3, nargs - 3, &c, values)) goto done;
+    kpool_status_code code = KPOOL_OK;
+    struct timespec start, end;
+    Py_BEGIN_ALLOW_THREADS
+    clock_gettime(clock, &start);
+    for (long i = 0; i < calls && code == KPOOL_OK; i++) code = invoke(op, &c, values, &status);
+    clock_gettime(clock, &end);
+    Py_END_ALLOW_THREADS
+    if (code == KPOOL_OK)
+        result = PyFloat_FromDouble(((double)(end.tv_sec - start.tv_sec) + 1e-9 * (double)(end.tv_nsec - start.tv_nsec)) /
+                                    (double)calls);
+    else
+        finish(code, &status);
+done:
+    release(&c);
+    return result;
+}
+
 static void replace(PyObject **slot, PyObject *value) {
     PyObject *old = *slot;
     Py_XINCREF(value);
@@ -428,6 +567,84 @@ static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* Whether the shim reads `probe` as its Python interface does, and the
+ * word after the object's header is the TensorImpl address torch reports. */
+static int shim_agrees(PyObject *probe) {
+    PyObject *cdata = PyObject_GetAttr(probe, s_cdata);
+    if (!cdata) return -1;
+    void *impl = PyLong_AsVoidPtr(cdata);
+    Py_DECREF(cdata);
+    if (PyErr_Occurred()) return -1;
+    if (*(void **)((char *)probe + sizeof(PyObject)) != impl) return 0;
+    kpool_tensor native, python;
+    memset(&native, 0, sizeof native);
+    memset(&python, 0, sizeof python);
+    if (!read_native(probe, &native)) return 0;
+    if (read_python(probe, &python, "probe")) return -1;
+    return memcmp(&native, &python, sizeof native) == 0;
+}
+
+/* bind_tensor_shim(getters, dtypes, codes, tensor_type, probes) -> bool:
+ * getters: the addresses of aoti_torch_get_{dtype, layout, device_type,
+ * device_index, dim, sizes, strides, data_ptr}; dtypes: the shim's code of
+ * each kpool_dtype (-1: none); codes: (strided layout, cpu, cuda);
+ * tensor_type: torch.Tensor; probes: tensors to check the reads on;
+ * current_stream: the address of aoti_torch_get_current_cuda_stream, or 0.
+ * Returns whether tensors are read through the shim from now on (False
+ * when a probe disagrees). bind_tensor_shim(None): never. */
+static PyObject *bind_tensor_shim(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    replace(&shim.tensor_type, NULL);
+    shim.get_current_stream = NULL;
+    if (nargs == 1 && args[0] == Py_None) Py_RETURN_FALSE;
+    if (nargs != 6 || !PyTuple_Check(args[0]) || PyTuple_Size(args[0]) != 8 || !PyTuple_Check(args[1]) ||
+        PyTuple_Size(args[1]) != KPOOL_DTYPES || !PyTuple_Check(args[2]) || PyTuple_Size(args[2]) != 3 ||
+        !PyType_Check(args[3]) || !PyList_Check(args[4]) || PyList_Size(args[4]) < 1) {
+        PyErr_SetString(PyExc_TypeError, "bind_tensor_shim(getters[8], dtypes[7], (strided, cpu, cuda), "
+                                         "torch.Tensor, [probe tensors], current_stream) or "
+                                         "bind_tensor_shim(None)");
+        return NULL;
+    }
+    void *getters[8];
+    for (int i = 0; i < 8; i++) {
+        getters[i] = PyLong_AsVoidPtr(PyTuple_GetItem(args[0], i));
+        if (PyErr_Occurred()) return NULL;
+        if (!getters[i]) Py_RETURN_FALSE;
+    }
+    int64_t codes[KPOOL_DTYPES + 3];
+    for (int i = 0; i < KPOOL_DTYPES + 3; i++) {
+        codes[i] = PyLong_AsLongLong(PyTuple_GetItem(i < KPOOL_DTYPES ? args[1] : args[2],
+                                                     i < KPOOL_DTYPES ? i : i - KPOOL_DTYPES));
+        if (PyErr_Occurred()) return NULL;
+    }
+    shim.get_dtype = (shim_i32)getters[0];
+    shim.get_layout = (shim_i32)getters[1];
+    shim.get_device_type = (shim_i32)getters[2];
+    shim.get_device_index = (shim_i32)getters[3];
+    shim.get_dim = (shim_i64)getters[4];
+    shim.get_sizes = (shim_array)getters[5];
+    shim.get_strides = (shim_array)getters[6];
+    shim.get_data_ptr = (shim_ptr)getters[7];
+    shim.get_current_stream = (int32_t(*)(int32_t, void **))PyLong_AsVoidPtr(args[5]);
+    shim.stream_agreed = 0;
+    if (PyErr_Occurred()) return NULL;
+    for (int i = 0; i < KPOOL_DTYPES; i++) shim.dtypes[i] = (int32_t)codes[i];
+    shim.strided = (int32_t)codes[KPOOL_DTYPES];
+    shim.cpu = (int32_t)codes[KPOOL_DTYPES + 1];
+    shim.cuda = (int32_t)codes[KPOOL_DTYPES + 2];
+    replace(&shim.tensor_type, args[3]);
+    for (Py_ssize_t i = 0; i < PyList_Size(args[4]); i++) {
+        int agrees = shim_agrees(PyList_GetItem(args[4], i));
+        if (agrees <= 0) {
+            replace(&shim.tensor_type, NULL);
+            shim.get_current_stream = NULL;
+            if (agrees < 0) return NULL;
+            Py_RETURN_FALSE;
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
 /* configure(arithmetic, index_errors_device, index_errors_address): the
  * execution options of later calls (address 0: no index-error words). */
 static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -450,6 +667,9 @@ static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nar
 static PyMethodDef methods[] = {
     FASTCALL(bind, "Hands over the library's entry points, torch's dtypes, its stream getter and kpool's errors."),
     FASTCALL(configure, "Sets the arithmetic and the index-error words of later calls."),
+    FASTCALL(bind_tensor_shim, "Reads tensors through torch's C shim when it agrees with the Python interface."),
+    FASTCALL(time_calls, "time_calls(name, calls, thread_clock, *arguments) -> seconds per call of the entry point "
+                         "alone"),
     FASTCALL(fwht128_quant_fp8, "kpool_fwht128_quant_fp8(q, q_fp8, q_scale)"),
     FASTCALL(compress_and_write_cache, "kpool_compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, "
                                        "write_mask, compressed_k, compressed_scale, pool_size, head_dim, "
@@ -481,6 +701,7 @@ PyMODINIT_FUNC PyInit__torch_calls(void) {
     INTERN(s_is_cpu, "is_cpu")
     INTERN(s_get_device, "get_device")
     INTERN(s_contiguous, "contiguous")
+    INTERN(s_cdata, "_cdata")
 #undef INTERN
     return PyModule_Create(&module);
 }

@@ -11,6 +11,17 @@ sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "bench")))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
 
 
+def skip_without_kpool_cuda(pytest, kpool):
+    """Skips the calling test module unless libkpool.so loads and was built
+    with its CUDA path."""
+    try:
+        version = kpool.version()
+    except OSError as e:
+        pytest.skip(f"libkpool.so does not load: {e}", allow_module_level=True)
+    if "cuda" not in version:
+        pytest.skip(f"{kpool.library_path()} has no CUDA path ({version!r})", allow_module_level=True)
+
+
 def pytest_terminal_summary(terminalreporter):
     recorded = sys.modules.get("side_by_side_results")
     results = getattr(recorded, "RESULTS", None) if recorded else None

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "bench")))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
 
 import kpool  # noqa: E402
+from conftest import skip_without_kpool_cuda  # noqa: E402
 import workloads as kt  # noqa: E402
 from engine_model import Engine, compare, run_compiled_against  # noqa: E402
 from test_torch_ops import _all_ops, _state  # noqa: E402
@@ -39,12 +40,7 @@ try:
     REF = kt.import_reference()
 except ImportError as e:
     pytest.skip(f"the Triton reference does not import: {e}", allow_module_level=True)
-try:
-    _version = kpool.version()
-except OSError as e:
-    pytest.skip(f"libkpool.so does not load: {e}", allow_module_level=True)
-if "cuda" not in _version:
-    pytest.skip(f"{kpool.library_path()} has no CUDA path ({_version!r})", allow_module_level=True)
+skip_without_kpool_cuda(pytest, kpool)
 
 DEV = "cuda"
 

@@ -224,15 +224,43 @@ def test_extension_and_ctypes_calls_agree():
     assert _bytes_equal(a["kv_cache"], b["kv_cache"]) and _bytes_equal(a["tail_base"], b["tail_base"])
 
 
-@pytest.mark.parametrize("path", ["extension", "ctypes"])
+def _python_reads(extension):
+    """The extension reading tensors through their Python interface, until
+    the shim is bound again."""
+    extension.bind_tensor_shim(None)
+
+
+def test_tensor_shim_reads_like_the_python_interface():
+    extension = _calls.torch_calls()
+    if extension is _calls.ctypes_calls:
+        pytest.skip("the _torch_calls extension is not built")
+    # This torch has the shim, and the probes agree: the fast reads are on.
+    assert _calls.bind_tensor_shim(extension, torch)
+    a, b = _state(7), _state(7)
+    want = _all_ops(a)
+    # A subclass (what a Parameter or a wrapper tensor is) takes the Python interface.
+    q8, qs = kpool.fwht128_quant_fp8(torch.nn.Parameter(b["q"] * 2, requires_grad=False))
+    _python_reads(extension)
+    try:
+        got = _all_ops(b)
+    finally:
+        assert _calls.bind_tensor_shim(extension, torch)
+    _compare(got, want)
+    assert _bytes_equal(a["kv_cache"], b["kv_cache"]) and _bytes_equal(a["tail_base"], b["tail_base"])
+    assert _bytes_equal(q8.view(torch.uint8), want["q8"]) and _bytes_equal(qs, want["qs"])
+
+
+@pytest.mark.parametrize("path", ["extension", "extension, python reads", "ctypes"])
 def test_errors_name_the_argument_on_both_paths(path):
     extension = _calls.torch_calls()
-    if path == "extension" and extension is _calls.ctypes_calls:
+    if path != "ctypes" and extension is _calls.ctypes_calls:
         pytest.skip("the _torch_calls extension is not built")
     s = _state(4)
     before = s["kv_cache"].clone()
     if path == "ctypes":
         _calls._torch_calls = _calls.ctypes_calls
+    elif path == "extension, python reads":
+        _python_reads(extension)
     try:
         bad = s["loc"].clone()
         bad[2] = 4 * PAGE
@@ -255,6 +283,8 @@ def test_errors_name_the_argument_on_both_paths(path):
                 s["step_key"])
     finally:
         _calls._torch_calls = extension
+        if extension is not _calls.ctypes_calls:
+            _calls.bind_tensor_shim(extension, torch)
     assert torch.equal(s["kv_cache"], before)
 
 

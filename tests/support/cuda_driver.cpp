@@ -45,6 +45,8 @@ Loaded load() {
     need("cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain);
     need("cuDevicePrimaryCtxRelease_v2", &d.cuDevicePrimaryCtxRelease);
     need("cuCtxSetCurrent", &d.cuCtxSetCurrent);
+    need("cuCtxPushCurrent_v2", &d.cuCtxPushCurrent);
+    need("cuCtxPopCurrent_v2", &d.cuCtxPopCurrent);
     need("cuCtxSynchronize", &d.cuCtxSynchronize);
     need("cuMemAlloc_v2", &d.cuMemAlloc);
     need("cuMemFree_v2", &d.cuMemFree);

@@ -42,6 +42,8 @@ struct Driver {
     CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice) = nullptr;
     CUresult (*cuDevicePrimaryCtxRelease)(CUdevice) = nullptr;
     CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+    CUresult (*cuCtxPushCurrent)(CUcontext) = nullptr;  // what Halide's runtime brackets its calls with
+    CUresult (*cuCtxPopCurrent)(CUcontext *) = nullptr;
     CUresult (*cuCtxSynchronize)() = nullptr;
     // Device memory and copies: synchronous ones on the legacy default
     // stream, asynchronous ones ordered on a stream.

@@ -39,11 +39,16 @@ public:
     // made from other threads; nothing to do on the CPU.
     virtual void make_current() {}
     virtual kpool_exec exec() const = 0;
-    // Host µs per launch of an empty kernel on exec()'s stream, `calls` back
-    // to back (the driver's floor under any kernel call); false where the
-    // device launches no kernels (the CPU).
-    virtual bool time_empty_launches(int calls, double *us_per_call) {
-        (void)calls, (void)us_per_call;
+    // The driver calls under every kernel launch through Halide's CUDA
+    // runtime, host µs per call of `calls` back to back (false where the
+    // device launches no kernels: the CPU).
+    struct DriverFloor {
+        double launch_us;        // cuLaunchKernel of an empty kernel on exec()'s stream
+        double push_pop_us;      // a cuCtxPushCurrent + cuCtxPopCurrent pair
+        double get_function_us;  // cuModuleGetFunction of that kernel by name
+    };
+    virtual bool time_driver_floor(int calls, DriverFloor *floor) {
+        (void)calls, (void)floor;
         return false;
     }
 };

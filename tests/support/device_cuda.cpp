@@ -71,26 +71,32 @@ public:
     // and words that mark out-of-range indices (kpool_check_index_errors).
     kpool_exec exec() const override { return kpool_exec{nullptr, KPOOL_ARITHMETIC_EXACT, index_errors_}; }
 
-    bool time_empty_launches(int calls, double *us_per_call) override {
+    bool time_driver_floor(int calls, DriverFloor *floor) override {
         const Driver &d = driver();
-        if (empty_kernel_ == nullptr) {
+        static const char kEmptyName[] = "kpool_empty";
+        if (empty_module_ == nullptr) {
             // PTX of a kernel that returns at once, JIT-compiled by the driver
             // when loaded (kept loaded, with the context), then run once.
             static const char kEmptyKernel[] =
                 ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry kpool_empty() { ret; }\n";
-            CUmodule module = nullptr;
-            check(d.cuModuleLoadData(&module, kEmptyKernel), "cuModuleLoadData");
-            check(d.cuModuleGetFunction(&empty_kernel_, module, "kpool_empty"), "cuModuleGetFunction");
+            check(d.cuModuleLoadData(&empty_module_, kEmptyKernel), "cuModuleLoadData");
+            check(d.cuModuleGetFunction(&empty_kernel_, empty_module_, kEmptyName), "cuModuleGetFunction");
             check(d.cuLaunchKernel(empty_kernel_, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
         }
         synchronize();
-        const auto start = std::chrono::steady_clock::now();
-        for (int i = 0; i < calls; ++i) {
+        floor->launch_us = us_per_call(calls, [&] {
             check(d.cuLaunchKernel(empty_kernel_, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
-        }
-        const auto end = std::chrono::steady_clock::now();
+        });
         synchronize();
-        *us_per_call = std::chrono::duration<double, std::micro>(end - start).count() / calls;
+        floor->push_pop_us = us_per_call(calls, [&] {
+            CUcontext popped = nullptr;
+            check(d.cuCtxPushCurrent(context_), "cuCtxPushCurrent");
+            check(d.cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
+        });
+        floor->get_function_us = us_per_call(calls, [&] {
+            CUfunction f = nullptr;
+            check(d.cuModuleGetFunction(&f, empty_module_, kEmptyName), "cuModuleGetFunction");
+        });
         return true;
     }
 
@@ -100,7 +106,16 @@ private:
     CUcontext context_ = nullptr;
     std::string name_;
     int32_t *index_errors_ = nullptr;
-    CUfunction empty_kernel_ = nullptr;  // time_empty_launches' kernel, loaded at its first call
+    // time_driver_floor's empty kernel, loaded at its first call
+    CUmodule empty_module_ = nullptr;
+    CUfunction empty_kernel_ = nullptr;
+
+    template <typename Call>
+    static double us_per_call(int calls, Call &&call) {
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < calls; ++i) call();
+        return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / calls;
+    }
 };
 
 }  // namespace
