@@ -34,7 +34,8 @@ fi
 bash scripts/kpool.sh build
 rm -rf "$pack"
 mkdir -p "$pack"
-tar cJf "$pack/bin.tar.xz" build/libkpool.so build/_torch_calls.abi3.so build/tests/kpool_tests build/tools/kpool
+# -h: build/libkpool.so is the symlink to the versioned library; carry the file.
+tar chJf "$pack/bin.tar.xz" build/libkpool.so build/_torch_calls.abi3.so build/tests/kpool_tests build/tools/kpool
 if [ -n "$tune_family" ]; then
     PATH="$PWD/.venv/bin:$PATH" .venv/bin/python tools/tune/kpool_tune.py plan "$tune_family" build-tune \
         "${plan_args[@]}"

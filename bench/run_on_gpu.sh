@@ -91,8 +91,8 @@ if [ "$profile" = yes ]; then
 fi
 step "bench (default arithmetic: the reference's)" bench.log \
     python3 bench/bench_gpu.py --min-runs 50 --out "$out/kpool_bench.json" "${bench_args[@]}"
-step "side by side (kpool's default arithmetic vs the reference)" side_by_side.log \
-    python3 -m pytest python/tests/test_gpu_side_by_side.py -q -p no:cacheprovider
+step "side by side (kpool's default arithmetic vs the reference; its API and shape rules)" side_by_side.log \
+    python3 -m pytest python/tests/test_gpu_side_by_side.py python/tests/test_reference_rules.py -q -p no:cacheprovider
 summary+=("  $(tail -1 "$out/side_by_side.log")")
 while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR|DIFF)|arith_model|boundary|comparisons identical' \
     "$out/side_by_side.log" | head -20)

@@ -94,6 +94,15 @@ TEST(DropIn, DecodeInt64IndexPastInt32IsOutOfRange) {
         EXPECT_BYTES_EQ(cache, c);
         EXPECT_BYTES_EQ(tail, t);
     }
+    // A position past int32, which the kernels could not compute: rejected.
+    HostTensor tsm = widened(in.tail_slot_mapping), sm = widened(in.slot_mapping), pos = widened(in.positions);
+    pos.set<int64_t>({1, 2}, (int64_t(1) << 31) + 3);
+    HostTensor c = cache, t = tail;
+    kpool_status st{};
+    EXPECT_EQ(run_decode(c, t, tsm, in, sm, pos, P, &st), KPOOL_ERROR_INVALID_ARGUMENT);
+    EXPECT_THAT(std::string(st.message), ::testing::HasSubstr("positions[1, 2] = 2147483651"));
+    EXPECT_BYTES_EQ(cache, c);
+    EXPECT_BYTES_EQ(tail, t);
 }
 
 // A block table with more rows than the batch (an engine's persistent one):

@@ -1,6 +1,8 @@
 // decode_update_and_maybe_write_cache_batched: one decode step; each token
 // is stashed in its request's tail ring, and a token completing a pool
 // writes that pool's cache row.
+#include <limits>
+
 #include "ops.h"
 
 #include "kpool_decode_layouts.inc"  // KPOOL_FOR_EACH_DECODE_LAYOUT_RULE(X): X(family, max pool, min next_n)
@@ -20,6 +22,21 @@ Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
     KPOOL_FOR_EACH_DECODE_LAYOUT_RULE(KPOOL_DECODE_LAYOUT_RULE)
 #undef KPOOL_DECODE_LAYOUT_RULE
     return Kernel::DECODE_UPDATE;
+}
+
+}  // namespace
+
+namespace {
+
+// The kernels compute positions in 32 bits (an int64 one is read saturated):
+// a position past 2^31 - 1, which no context reaches, is rejected on the host.
+void require_int32_positions(const TensorArg &positions) {
+    for (int64_t i = 0; positions.t->dtype == KPOOL_DTYPE_INT64 && i < positions.numel(); i++) {
+        if (index_at(positions, i) > std::numeric_limits<int32_t>::max()) {
+            throw invalid() << element_name(positions, i) << " = " << index_at(positions, i)
+                            << " is past 2^31 - 1, the kernels' position range";
+        }
+    }
 }
 
 }  // namespace
@@ -62,6 +79,7 @@ int64_t decode_update_and_maybe_write_cache_batched(
     if (where.on_host()) {
         require_locs_in_cache(slots, kv_cache, nullptr);
         require_tslots_in_tail(tail_slots, tail);
+        require_int32_positions(positions);
     }
     mark_index_errors(where, KPOOL_INDEX_SLOT_MAPPING, slots, cache_slot_count(kv_cache), nullptr);
     mark_index_errors(where, KPOOL_INDEX_TAIL_SLOT_MAPPING, tail_slots, tail_slot_count(tail), nullptr);

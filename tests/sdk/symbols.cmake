@@ -8,18 +8,10 @@
 # -D: SHARED (libkpool.so) ARCHIVE (sdk/libkpool.a) HEADER (kpool.h) NM READELF VERSION
 cmake_minimum_required(VERSION 3.28)
 
+include("${CMAKE_CURRENT_LIST_DIR}/../../cmake/KpoolSymbols.cmake")
+
 function(symbols out)
-    execute_process(COMMAND "${NM}" ${ARGN} RESULT_VARIABLE status OUTPUT_VARIABLE text ERROR_VARIABLE err)
-    if (NOT status EQUAL 0)
-        message(FATAL_ERROR "nm ${ARGN} failed: ${err}")
-    endif ()
-    string(REGEX MATCHALL "[^\n]+" lines "${text}")
-    set(names)
-    foreach (line IN LISTS lines)
-        if (line MATCHES "^([^ ]+) [A-Za-z]")
-            list(APPEND names "${CMAKE_MATCH_1}")
-        endif ()
-    endforeach ()
+    kpool_nm_symbols("${NM}" names types ${ARGN})
     list(REMOVE_DUPLICATES names)
     list(SORT names)
     set(${out} "${names}" PARENT_SCOPE)
@@ -33,7 +25,7 @@ list(SORT declared)
 
 # The names without their version (kpool_version@@KPOOL_0.1), less the
 # version node itself and the tuner's entry point (tuning builds only).
-symbols(exported -D --defined-only --format=posix "${SHARED}")
+symbols(exported -D --defined-only "${SHARED}")
 list(TRANSFORM exported REPLACE "@.*$" "")
 list(FILTER exported EXCLUDE REGEX "^(KPOOL_[0-9.]+|kpool_tune_select)$")
 if (NOT exported STREQUAL declared)
@@ -49,7 +41,7 @@ if (NOT soname STREQUAL "libkpool.so.${major_minor}")
     message(FATAL_ERROR "libkpool.so has SONAME '${soname}', expected libkpool.so.${major_minor}")
 endif ()
 
-symbols(globals -g --defined-only --format=posix "${ARCHIVE}")
+symbols(globals -g --defined-only "${ARCHIVE}")
 # (kpool_internal.*: the Halide runtime's COMDAT functions under kpool's own
 # names, which no other library has.)
 set(leaked ${globals})
