@@ -3,12 +3,13 @@
  * over the ctypes path when it loads).
  *
  * Built against Python's limited API of 3.11 (abi3), so one binary serves
- * every CPython >= 3.11, and without torch's headers: a tensor is read
- * through its Python interface (dtype, shape, stride(), data_ptr(), is_cuda,
- * get_device()), and the dtypes, the current-stream getter and the error
- * types come from the package at bind(). The entry points are not linked
- * either: bind() receives their addresses from the libkpool.so the package
- * loaded, so both paths always run the same library.
+ * every CPython >= 3.11, and without torch's headers: a plain tensor is read
+ * through torch's C shim once bind_tensor_shim() has checked it (below),
+ * any other through its Python interface (dtype, shape, stride(),
+ * data_ptr(), is_cuda, get_device()); the dtypes, the current-stream getter,
+ * the shim's addresses and the error types come from the package. The entry
+ * points are not linked either: bind() receives their addresses from the
+ * libkpool.so the package loaded, so both paths always run the same library.
  *
  * Each function mirrors its kpool_* entry point, tensors and int parameters
  * in the C order; the C API validates everything. What is checked here is
