@@ -64,9 +64,12 @@ endfunction()
 # KPOOL_KERNEL_LIBS, and in the dispatch table when it carries a VARIANT line
 # (in the tuning candidates' table instead with CANDIDATE).
 # A CPU kernel that names a GPU family (PARAMS gpu=<family>: its layout,
-# tested on the CPU) gets the knobs of both.
+# tested on the CPU) gets the knobs of both. COHERENT_LOADS (CUDA): the
+# kernel's global loads are coherent ones (cmake/ptx_coherent_loads.py), for
+# a kernel that writes memory it also reads through an input.
 function(kpool_add_kernel function)
-    cmake_parse_arguments(ARG "" "GENERATOR;VARIANT;DEVICE;AUTOSCHEDULER;KNOBS;CANDIDATE" "PARAMS" ${ARGN})
+    cmake_parse_arguments(ARG "COHERENT_LOADS" "GENERATOR;VARIANT;DEVICE;AUTOSCHEDULER;KNOBS;CANDIDATE" "PARAMS"
+                          ${ARGN})
     if (DEFINED ARG_KNOBS)
         set(knobs "${ARG_KNOBS}")
     else ()
@@ -104,6 +107,11 @@ function(kpool_add_kernel function)
                        PARAMS ${params}
                        USE_RUNTIME kpool_halide_runtime
                        ${extra_outputs})
+    if (ARG_COHERENT_LOADS AND NOT ARG_DEVICE STREQUAL "cpu")
+        add_custom_command(OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/${function}.h" APPEND
+                           COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/cmake/ptx_coherent_loads.py"
+                                   "${CMAKE_CURRENT_BINARY_DIR}/${function}${CMAKE_C_OUTPUT_EXTENSION}")
+    endif ()
     if (NOT ARG_DEVICE STREQUAL "cpu")
         # Halide writes sm_80 PTX: raise its header to the family's target
         # and ISA in the object (the family's instructions need them), and

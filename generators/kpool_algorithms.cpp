@@ -238,6 +238,11 @@ Divisor::Divisor(Expr n_, Kind kind) : n(n_) {
 }
 
 Expr Divisor::div(Expr x) const {
+    if (Internal::is_const_one(is_pow2)) {
+        // An arithmetic shift is floor division by a power of two for any x;
+        // unsigned amount: no negative-shift case.
+        return x >> cast<uint32_t>(log2);
+    }
     if (x.type().bits() > 32) {
         Expr n64 = cast(x.type(), n);
         return select(is_pow2, x >> cast(x.type(), log2), x / n64);
@@ -248,6 +253,9 @@ Expr Divisor::div(Expr x) const {
 }
 
 Expr Divisor::mod(Expr x) const {
+    if (Internal::is_const_one(is_pow2)) {
+        return x & (cast(x.type(), n) - 1);
+    }
     if (x.type().bits() > 32) {
         Expr n64 = cast(x.type(), n);
         return select(is_pow2, x & (n64 - 1), x % n64);
@@ -292,10 +300,10 @@ void constrain_row_views(std::vector<OutputImageParam> views, int extent) {
     views[1].dim(0).set_stride(0);
 }
 
-TailSlot tail_slot(Expr tslot, Expr ring, Expr num_blocks) {
+TailSlot tail_slot(Expr tslot, const Divisor &ring, Expr num_blocks) {
     tslot = cast<int64_t>(tslot);
-    Expr block = cast<int32_t>(clamp(tslot / ring, 0, cast<int64_t>(num_blocks) - 1));
-    Expr ring_pos = cast<int32_t>(clamp(tslot % ring, 0, cast<int64_t>(ring) - 1));
+    Expr block = cast<int32_t>(clamp(ring.div(tslot), 0, cast<int64_t>(num_blocks) - 1));
+    Expr ring_pos = cast<int32_t>(clamp(ring.mod(tslot), 0, cast<int64_t>(ring.n) - 1));
     return {block, ring_pos};
 }
 

@@ -176,7 +176,7 @@ struct TailSlot {
     Expr block;
     Expr ring_pos;
 };
-TailSlot tail_slot(Expr tslot, Expr ring, Expr num_blocks);
+TailSlot tail_slot(Expr tslot, const Divisor &ring, Expr num_blocks);
 // The same from a block and ring position already split (>= 0 where used).
 TailSlot clamp_tail_slot(Expr block, Expr ring_pos, Expr ring, Expr num_blocks);
 

@@ -45,6 +45,20 @@ Func index_values(Func index) {
     return f;
 }
 
+// Elements per aligned word: 4 bf16 in 8 bytes, 4 codes in 4 bytes.
+constexpr int kBf16Word = 4, kCodeWord = 4;
+
+// Rows of `param` start at multiples of `word` elements (strides of the
+// `dims` given, the row dimension 0 starting at 0) of a base aligned to a
+// word: Halide then proves a lane's run of a word aligned.
+template <typename Param>
+void align_rows(Param &&param, std::initializer_list<int> dims, int word) {
+    for (int d : dims) {
+        param.dim(d).set_stride((param.dim(d).stride() / word) * word);
+    }
+    param.set_host_alignment(word * param.type().bytes());
+}
+
 // A schedule may round a token loop up past next_n (guarded: those tokens
 // never write); every per-token input is read through this clamp of its
 // token (the second-to-last dimension), so bounds stay inside.
@@ -244,6 +258,11 @@ public:
     GeneratorParam<DecodeLayout> layout{"layout", DecodeLayout::WarpPerToken,
                                         {{"warp_per_token", DecodeLayout::WarpPerToken},
                                          {"warp_per_request", DecodeLayout::WarpPerRequest}}};
+    // Every bf16 row (key, slot_score, the ring) starts 8-byte aligned and
+    // every row of codes 4-byte aligned (the runtime checks before it picks
+    // such a kernel): a lane's 4 elements move as one 8-byte load or 4-byte
+    // store. Without it the kernel takes any strides.
+    GeneratorParam<bool> aligned_rows{"aligned_rows", false};
 
     DecodeWriteArguments in;
     Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
@@ -254,6 +273,15 @@ public:
         define_stashes(stages.stashes, tail_out, index_values(in.tail_slot_mapping), in.key, in.slot_score,
                        index_values(in.positions), in.key.dim(1).extent(), in.key.dim(2).extent(),
                        stages.write.pow2_ring_and_page);
+        if (aligned_rows) {
+            // Rows of 4 bf16 words: (d, token, request) and (d, ring_pos, half, block).
+            align_rows(in.key, {1, 2}, kBf16Word);
+            align_rows(in.slot_score, {1, 2}, kBf16Word);
+            align_rows(in.tail, {2, 3}, kBf16Word);
+            align_rows(tail_out, {2, 3}, kBf16Word);
+            align_rows(Func(cache).output_buffers()[0], {2}, kCodeWord);  // (d, token, page): token stride is 128
+        }
+        stages.aligned_rows = aligned_rows;
     }
 
     void schedule() {

@@ -28,17 +28,6 @@ Func minus_one_outside(const Func &f, Expr extent) {
     return BoundaryConditions::constant_exterior(f, cast(f.type(), -1), {{0, max(extent, 1)}, {Expr(), Expr()}});
 }
 
-// Column c's pool and place in it, for a power-of-two P (the runtime checks):
-// shifts and masks, not an integer division per output element. Both are
-// floor division and modulus, as / and % are in Halide.
-struct PoolColumn {
-    Expr pool, offset;
-};
-PoolColumn pool_column(Expr c, Expr P) {
-    Expr log2_P = cast<uint32_t>(count_trailing_zeros(P));  // unsigned: no negative-shift case
-    return {c >> log2_P, c & (P - 1)};
-}
-
 }  // namespace
 
 class ExpandPoolsAndAppendTail : public KpoolGenerator<ExpandPoolsAndAppendTail> {
@@ -53,16 +42,18 @@ public:
     void generate() {
         Var c = stages.col, row = stages.row;
         Expr P = pool_size;
+        // Column c's pool and place in it, for a power-of-two P (the runtime
+        // checks): shifts and masks, not an integer division per element.
+        Divisor pool(P, Divisor::Kind::Pow2);
         Expr topk = groups * P;
         Func ids = minus_one_outside(pool_ids, groups);
         Expr seq_len = seq_lens(row);
-        Expr pool_len = pool_column(seq_len, P).pool;
+        Expr pool_len = pool.div(seq_len);
         Expr tail_start = pool_len * P;
 
-        PoolColumn at = pool_column(c, P);
-        Expr id = cast<int64_t>(ids(at.pool, row));
+        Expr id = cast<int64_t>(ids(pool.div(c), row));
         Expr valid = id >= 0 && !(bound_pool_ids && id >= cast<int64_t>(pool_len));
-        Expr history = select(valid, cast<int32_t>(id * P + at.offset), -1);
+        Expr history = select(valid, cast<int32_t>(id * P + pool.mod(c)), -1);
         Expr tail_off = c - topk;
         // A negative seq_len has no tail, as in the reference (whose integer
         // division truncates: its tail count is then <= 0).
@@ -104,11 +95,11 @@ public:
     void generate() {
         Var c = stages.col, row = stages.row;
         Expr P = pool_size;
-        PoolColumn at = pool_column(c, P);
+        Divisor pool(P, Divisor::Kind::Pow2);  // a power of two (the runtime checks)
         // The output has G * P columns, so the group is < G; the clamp only
         // tells bounds inference so (it cannot bound a shift).
-        Expr g = clamp(at.pool, 0, group_ids.dim(0).extent() - 1);
-        Expr token = cast<int64_t>(group_ids(g, row)) * P + at.offset;
+        Expr g = clamp(pool.div(c), 0, group_ids.dim(0).extent() - 1);
+        Expr token = cast<int64_t>(group_ids(g, row)) * P + pool.mod(c);
         Expr mapped = map_token(token, row, token_map, page_table, page_table.dim(0).extent(), topk_offsets);
         out(c, row) = select(group_valid(g, row) != 0, mapped, -1);
         page_table.dim(0).set_stride(Expr());    // 0 when absent

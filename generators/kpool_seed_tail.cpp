@@ -27,10 +27,11 @@ public:
         // at the end, and schedules may split the token loop freely.
         Func slots = BoundaryConditions::constant_exterior(tslot, cast(tslot.type(), -1));
         Var token = stages.token;
+        Divisor ring_math(ring, Divisor::Kind::Any);  // 64-bit slots: divided as they are
         Expr own = cast<int64_t>(slots(token));
         Expr ahead = cast<int64_t>(slots(token + pool_size));
-        Expr same_block = ahead >= 0 && ahead / cast<int64_t>(ring) == own / cast<int64_t>(ring);
-        Expr in_tail = own / cast<int64_t>(ring) < cast<int64_t>(tail.dim(3).extent());
+        Expr same_block = ahead >= 0 && ring_math.div(ahead) == ring_math.div(own);
+        Expr in_tail = ring_math.div(own) < cast<int64_t>(tail.dim(3).extent());
         stages.seeded = Func{"seeded"};
         stages.seeded(token) = own >= 0 && in_tail && !same_block;
 
@@ -42,7 +43,7 @@ public:
         r = RDom(0, kHeadDim, 0, 2, 0, G, 0, (n + G - 1) / G, "copy");
         Expr i = r[3] * G + r.z;
         r.where(stages.seeded(i));
-        TailSlot at = tail_slot(cast<int64_t>(slots(i)), ring, tail.dim(3).extent());
+        TailSlot at = tail_slot(cast<int64_t>(slots(i)), ring_math, tail.dim(3).extent());
         // The last group may run past n (never seeded there); the clamp
         // keeps the reads' bounds inside the batch.
         Expr row = min(i, n - 1);

@@ -174,6 +174,7 @@ enum class DecodeLayout { WarpPerToken, WarpPerRequest };
 // over `stash`: (d, token, request, half), named and ordered as `write`).
 struct DecodeUpdateStages {
     DecodeLayout layout = DecodeLayout::WarpPerToken;
+    bool aligned_rows = false;  // a lane's bf16 and code runs are aligned words (vector loads and stores)
     DecodeWriteStages write;
     DecodeStashStages stashes;
 };

@@ -53,10 +53,9 @@ struct CudaPlan : KnobReader {
     // the longest chain. (The triton arithmetic's pool is short: there the
     // barrier and the idle threads cost more than they save.)
     bool decode_exact_pool_per_element = flag("decode.exact_pool_per_element");
-    // Decode unrolls its slot folds (a call is latency-bound) up to this many
-    // slots in the exact arithmetic, always in the triton one. 16 fits an
-    // element per thread; with V elements per lane (exact pool not per
-    // element) P = 16 unrolled spills: 8 there.
+    // Decode's exact pool per element unrolls its slot folds (a call is
+    // latency-bound) up to this many slots (pools in lanes:
+    // decode_lane_unrolled_slots).
     int decode_unrolled_exact_slots = knob("decode.unrolled_exact_slots");
     // decode: tokens of a request run side by side (triton), stashed per block
     int decode_tokens_per_block = knob("decode.tokens_per_block");
@@ -221,29 +220,42 @@ void load_lane_logits(CompressPool &c, const CompressConditions &conditions, con
 // exact path, overflow the instruction cache at P = 16 (H200, ncu: most
 // stalls were instruction fetch, compress of 262144 pools of 16 took 5.2 ms;
 // 2.1 ms as loops). The triton arithmetic's exp is one instruction.
+// With `vector_values` a lane's V elements are vectors (its inputs aligned
+// runs: one wide load per slot and input) rather than unrolled.
 void compute_pool_in_warp(CompressPool &c, const RowLayout &layout, const Var &d, const Var &v, const Var &lane,
-                          LoopLevel at, bool unroll_slots, const CompressConditions *conditions = nullptr) {
+                          LoopLevel at, bool unroll_slots, const CompressConditions *conditions = nullptr,
+                          bool vector_values = false) {
+    auto values = [&](auto &&stage) {
+        if (vector_values) {
+            stage.vectorize(d);
+        } else {
+            stage.unroll(d);
+        }
+    };
     c.pooled_bf16.compute_at(at)
         .split(d, lane, v, layout.values_per_lane)
         .gpu_lanes(lane)
         .unroll(v)
         .store_in(MemoryType::Register);
     SoftmaxPool &p = c.pool;
-    p.max_logit.compute_at(c.pooled_bf16, lane).unroll(d).store_in(MemoryType::Register);
+    p.max_logit.compute_at(c.pooled_bf16, lane).store_in(MemoryType::Register);
+    values(p.max_logit);
     if (p.max_logit.has_update_definition()) {
-        p.max_logit.update(0).reorder(d, p.later_slot).unroll(d);
+        values(p.max_logit.update(0).reorder(d, p.later_slot));
         if (unroll_slots) {
             p.max_logit.update(0).unroll(p.later_slot);
         }
     }
-    p.weighted_sum.compute_at(c.pooled_bf16, lane).unroll(d).store_in(MemoryType::Register);
-    p.weighted_sum.update(0).reorder(d, p.slot).unroll(d);
+    p.weighted_sum.compute_at(c.pooled_bf16, lane).store_in(MemoryType::Register);
+    values(p.weighted_sum);
+    values(p.weighted_sum.update(0).reorder(d, p.slot));
     if (unroll_slots) {
         p.weighted_sum.update(0).unroll(p.slot);
     }
     // Both sums use the slot's weight: computed once per slot, not inlined
     // into each (an exp's branch is not merged by common-subexpression passes).
-    p.weight.compute_at(p.weighted_sum, p.slot).unroll(d).store_in(MemoryType::Register);
+    p.weight.compute_at(p.weighted_sum, p.slot).store_in(MemoryType::Register);
+    values(p.weight);
     compute_row_in_warp(c.rotate, v, lane, at);
     if (conditions) {
         load_lane_logits(c, *conditions, d, lane, unroll_slots);
@@ -360,10 +372,11 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
 // A completion's pool in its token's lanes (a warp at V = 4), each lane
 // pooling its V elements, slot folds unrolled where registers allow (a
 // decode call is latency-bound: every member's loads in flight at once).
-void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token) {
+void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token, bool vector_values) {
     compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane));
     const bool unroll_slots = pool_size(s) <= plan.decode_lane_unrolled_slots;
-    compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, token), unroll_slots);
+    compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, token), unroll_slots,
+                         vector_values);
 }
 
 // CUDA runs decode as one kernel, kpool_decode_update (below); the two-kernel
@@ -394,9 +407,24 @@ void schedule_decode_write(DecodeWriteStages &, const BuildPlan &) {
 // Specialized on a power-of-two ring and cache page (one kernel each way,
 // the runtime's launch picks): shifts and masks, no integer division.
 //
-// Static figures (ptxas -arch=sm_90 --maxrregcount 128, cuobjdump -sass;
-// SASS instructions of the power-of-two kernel; global loads/stores by bytes):
-// DECODE_FIGURES
+// Static figures, sm90 (ptxas -arch=sm_90 --maxrregcount 128, the runtime's
+// JIT cap; cuobjdump -sass): registers, spilled bytes and SASS instructions
+// of the power-of-two / general kernel; global memory instructions by bytes.
+//   warp per request (aligned rows)   regs     spill  SASS       loads               stores
+//   P=4  exact                        128/128  0/0    2848/2688  16Bx1 8Bx16 4Bx51   8Bx2 4Bx2
+//   P=4  triton                        99/86   0/0    1536/1360  16Bx1 8Bx16 4Bx51   8Bx2 4Bx2
+//   P=16 exact                        122/128  0/0    1768/1840  16Bx1 8Bx12 4Bx33   8Bx2 4Bx2
+//   P=16 triton                       106/111  0/0    1360/1368  16Bx1 8Bx12 4Bx33   8Bx2 4Bx2
+//   warp per token (any strides)
+//   P=4  exact                        128/128  0/0    1712/1520  4Bx43 2Bx22         4Bx1 2Bx8 1Bx4
+//   P=4  triton                       128/108  0/0    1520/1352  4Bx55 2Bx64         4Bx1 2Bx8 1Bx4
+//   P=16 exact                        127/128  0/8    1328/1352  4Bx28 2Bx18         4Bx1 2Bx8 1Bx4
+//   P=16 triton                       128/128  0/0    1312/1328  4Bx37 2Bx48         4Bx1 2Bx8 1Bx4
+// The one kernel before both layouts (block per request, no specialization):
+// P=4 exact/triton 128/120 registers, 4/0 B spilled, 1912/1712 SASS; P=16
+// 128/128 registers, 204/452 B spilled, 4096/3280 SASS; loads 2Bx22-256,
+// stores 2Bx8 1Bx4. (The 4-byte loads are the per-token indices: the walks
+// over earlier tokens, unrolled in the power-of-two kernel.)
 void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     const CudaPlan plan = plan_for(build);
     DecodeWriteStages &w = s.write;
@@ -416,9 +444,13 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
         completions.reorder(v, lane, w.write.y, request, request_block)
             .gpu_blocks(request_block)
             .gpu_threads(request)
-            .gpu_lanes(lane)
-            .unroll(v);
-        pool_in_lanes(w, plan, w.write.y);
+            .gpu_lanes(lane);
+        if (s.aligned_rows) {
+            completions.vectorize(v);  // a lane's 4 codes: one 4-byte store
+        } else {
+            completions.unroll(v);
+        }
+        pool_in_lanes(w, plan, w.write.y, s.aligned_rows);
     } else {
         completions
             .split(w.write.y, chunk, token, per_element ? 1 : plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
@@ -430,7 +462,7 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
             pool_per_element(w, plan, token);
         } else {
             completions.gpu_threads(token);
-            pool_in_lanes(w, plan, token);
+            pool_in_lanes(w, plan, token, false);
         }
     }
     RVar stash_lane{"stash_lane"}, stash_v{"stash_v"}, stash_chunk{"stash_chunk"}, stash_token{"stash_token"};

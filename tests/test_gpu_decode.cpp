@@ -1,8 +1,10 @@
-// decode_update_and_maybe_write_cache_batched on the GPU (one kernel: a
-// block per request, its completions, then its stashes) against the CPU (two
-// kernels), bit for bit: GpuDecode over the axes an engine varies,
-// GpuDecodeManyRequests past grid y, GpuDecodeSharedTailBlock the
-// cross-request rule of docs/behaviour.md.
+// decode_update_and_maybe_write_cache_batched on the GPU (one kernel: its
+// requests' completions, then their stashes; a warp per token at P = 4 with
+// next_n >= 4, else a warp per request, the family's knobs) against the CPU
+// (two kernels), bit for bit: GpuDecode over the axes an engine varies (both
+// layouts), GpuDecodeUnalignedRows the warp-per-token kernel for rows that
+// are not 8-byte words at every P, GpuDecodeManyRequests past grid y,
+// GpuDecodeSharedTailBlock the cross-request rule of docs/behaviour.md.
 #include <algorithm>
 #include <random>
 #include <string>
@@ -54,6 +56,43 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecode,
                              return "P" + std::to_string(std::get<0>(info.param)) + "_ring" +
                                     std::to_string(std::get<1>(info.param)) + "P_n" +
                                     std::to_string(std::get<2>(info.param));
+                         });
+
+// Key and score rows 130 elements apart (260 bytes: not 8-byte words): the
+// runtime takes the warp-per-token kernel (any strides) whatever P and
+// next_n, rather than the warp-per-request one built for aligned rows.
+using GpuDecodeUnalignedParam = std::tuple<int, int>;  // P, next_n
+class GpuDecodeUnalignedRows : public GpuParamTest<GpuDecodeUnalignedParam> {};
+
+HostTensor with_row_stride(const HostTensor &rows, int64_t row_stride) {
+    const int64_t B = rows.shape(0), N = rows.shape(1);
+    HostTensor out(rows.dtype(), {B, N, kD}, {N * row_stride, row_stride, 1});
+    for (int64_t b = 0; b < B; ++b) {
+        for (int64_t t = 0; t < N; ++t) {
+            for (int64_t d = 0; d < kD; ++d) out.set<uint16_t>({b, t, d}, rows.get<uint16_t>({b, t, d}));
+        }
+    }
+    return out;
+}
+
+TEST_P(GpuDecodeUnalignedRows, MatchesCpu) {
+    const auto [P, N] = GetParam();
+    const int64_t ring = 2 * P, B = 9, tail_blocks = B + 4, block_size = 16;
+    const int64_t num_blocks = std::max<int64_t>(4, (2 * B * N) / block_size + 2);
+    std::mt19937 rng(4600 + P * 31 + N);
+    DecodeInputs in = make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size);
+    in.key = with_row_stride(in.key, kD + 2);
+    in.slot_score = with_row_stride(in.slot_score, kD + 2);
+    DecodeCase d(gpu(), rng, std::move(in), ring, tail_blocks, num_blocks, block_size, /*padded=*/false);
+    run_both([&, P = P](Side s, const kpool_exec *ex, kpool_status *st) { return d.call(s, P, true, ex, st); },
+             {{"kv_cache", &d.cache}, {"tail_kv_cache", &d.tail}});
+    EXPECT_TRUE(d.tail.cpu().bytes() != d.tail0.bytes()) << "the test stashed nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecodeUnalignedRows, Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 5, 20)),
+                         [](const auto &info) {
+                             return "P" + std::to_string(std::get<0>(info.param)) + "_n" +
+                                    std::to_string(std::get<1>(info.param));
                          });
 
 // More requests than CUDA's grid y holds (65535): the decode kernel's

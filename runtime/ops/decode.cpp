@@ -24,6 +24,17 @@ Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
     return Kernel::DECODE_UPDATE;
 }
 
+// Whether every row of `a` (its innermost dimension) starts on a word of
+// `word_bytes`: the data and the strides of the outer dimensions `row_dims`
+// (torch order; a dimension of size 1 has no second row) are multiples of it.
+bool rows_aligned(const TensorArg &a, int64_t word_bytes, std::initializer_list<int> row_dims) {
+    bool aligned = reinterpret_cast<uintptr_t>(a.t->data) % word_bytes == 0;
+    for (int i : row_dims) {
+        aligned = aligned && (a.dim(i) <= 1 || (a.stride(i) * element_bytes(a.t->dtype)) % word_bytes == 0);
+    }
+    return aligned;
+}
+
 }  // namespace
 
 namespace {
@@ -111,8 +122,13 @@ int64_t decode_update_and_maybe_write_cache_batched(
                                                   pos.raw_buffer(), round_scale != 0, cache.codes.raw_buffer(),
                                                   cache.scales.raw_buffer(), where.attach(t_out).raw_buffer());
         };
+        // The warp-per-request kernel is built for aligned rows (8-byte words
+        // of bf16 in, 4-byte words of codes out; torch's tensors are); the
+        // warp-per-token one takes any strides.
+        const bool aligned = rows_aligned(key, 8, {0, 1}) && rows_aligned(score, 8, {0, 1}) &&
+                             rows_aligned(tail, 8, {0, 1}) && rows_aligned(kv_cache, 4, {0});
         const Kernel layout = decode_update_layout(where.family(), pool_size, key.dim(1));
-        if (layout == Kernel::DECODE_UPDATE_BY_REQUEST &&
+        if (layout == Kernel::DECODE_UPDATE_BY_REQUEST && aligned &&
             where.has_kernel(Kernel::DECODE_UPDATE_BY_REQUEST, pool_size, indices)) {
             launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_BY_REQUEST>());
         } else {
