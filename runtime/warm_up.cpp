@@ -171,8 +171,8 @@ void cuda_loaded_images(int device_index, kpool_cuda_images *images) {
     // A family's SASS is assembled for its lowest capability (its row's PTX
     // target): it loads on GPUs of that major version from that minor on.
     int lowest = 0;
-#define KPOOL_FAMILY_CAPABILITY(family, capability) \
-    if (device.family == Family::family) lowest = capability;
+#define KPOOL_FAMILY_CAPABILITY(name, capability) \
+    if (device.family == Family::name) lowest = capability;
     KPOOL_FOR_EACH_CUDA_FAMILY(KPOOL_FAMILY_CAPABILITY)
 #undef KPOOL_FAMILY_CAPABILITY
     images->sass_fits = device.major == lowest / 10 && device.minor >= lowest % 10;
