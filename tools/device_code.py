@@ -29,6 +29,7 @@ load_bytes / store_bytes: the bytes a thread's global load (store)
 instructions move, per instruction (static: each instruction once).
 """
 import argparse
+import concurrent.futures
 import fnmatch
 import glob
 import json
@@ -109,31 +110,35 @@ def ptxas_report(path):
 def kernel_figures(build_dir, families):
     """[{kernel, family, entry, registers, ...}] for every CUDA kernel of the build."""
     cuobjdump = tool("cuobjdump", build_dir)
-    rows = []
+    modules = []  # (variant, family, cubin)
     for manifest in sorted(glob.glob(os.path.join(build_dir, "kpool_*.sass"))):
         variant = os.path.basename(manifest)[: -len(".sass")]
         family = next((f for f in families if variant.startswith(f"kpool_{f}_")), None)
         if family is None:
             continue
         with open(manifest) as f:
-            cubins = [line.split(maxsplit=2)[2].strip() for line in f if line.strip()]
-        for cubin in cubins:
-            resources = ptxas_report(cubin + ".ptxas")
-            for entry, ops in sass_functions(cuobjdump, cubin).items():
-                memory = {}
-                for op in ops:
-                    kind = GLOBAL.get(op.split(".")[0]) or SHARED.get(op.split(".")[0])
-                    if kind:
-                        key = f"{kind} {memory_width(op)} B"
-                        memory[key] = memory.get(key, 0) + 1
-                loads = [memory_width(op) for op in ops if op.startswith("LDG")]
-                stores = [memory_width(op) for op in ops if op.startswith("STG")]
-                registers, spills = resources.get(entry, (None, None))
-                rows.append({"kernel": variant, "family": family, "entry": entry,
-                             "registers": registers, "spill_bytes": spills, "instructions": len(ops),
-                             "load_bytes": round(sum(loads) / len(loads), 2) if loads else None,
-                             "store_bytes": round(sum(stores) / len(stores), 2) if stores else None,
-                             "memory": dict(sorted(memory.items()))})
+            modules += [(variant, family, line.split(maxsplit=2)[2].strip()) for line in f if line.strip()]
+    # (One cuobjdump per module, several at once.)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        sass = list(pool.map(lambda m: sass_functions(cuobjdump, m[2]), modules))
+    rows = []
+    for (variant, family, cubin), functions in zip(modules, sass):
+        resources = ptxas_report(cubin + ".ptxas")
+        for entry, ops in functions.items():
+            memory = {}
+            for op in ops:
+                kind = GLOBAL.get(op.split(".")[0]) or SHARED.get(op.split(".")[0])
+                if kind:
+                    key = f"{kind} {memory_width(op)} B"
+                    memory[key] = memory.get(key, 0) + 1
+            loads = [memory_width(op) for op in ops if op.startswith("LDG")]
+            stores = [memory_width(op) for op in ops if op.startswith("STG")]
+            registers, spills = resources.get(entry, (None, None))
+            rows.append({"kernel": variant, "family": family, "entry": entry,
+                         "registers": registers, "spill_bytes": spills, "instructions": len(ops),
+                         "load_bytes": round(sum(loads) / len(loads), 2) if loads else None,
+                         "store_bytes": round(sum(stores) / len(stores), 2) if stores else None,
+                         "memory": dict(sorted(memory.items()))})
     return rows
 
 
