@@ -93,7 +93,13 @@ uint64_t fnv1a64(const char *bytes, size_t size) {
     return h;
 }
 
-const SassImage *sass_for_ptx(const char *ptx, const SassImage *images, size_t count) {
+const SassImage *sass_for_ptx(const char *image, const SassImage *images, size_t count) {
+    // The key covers the module from its .version line on: the comment lines
+    // before it are the build's to rewrite (cmake/ptx_for_family.py).
+    const char *ptx = std::strstr(image, ".version ");
+    if (ptx == nullptr) {
+        return nullptr;
+    }
     const size_t size = std::strlen(ptx);
     const uint64_t hash = fnv1a64(ptx, size);
     for (size_t i = 0; i < count; ++i) {

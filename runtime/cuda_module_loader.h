@@ -15,8 +15,8 @@ namespace kpool::rt {
 
 // One kernel module's SASS, keyed by the PTX Halide hands the driver.
 struct SassImage {
-    uint64_t ptx_hash;  // FNV-1a 64 of the PTX text (without its NUL)
-    uint64_t ptx_size;  // its length in bytes
+    uint64_t ptx_hash;  // FNV-1a 64 of the PTX text from its .version line (without its NUL)
+    uint64_t ptx_size;  // those bytes
     const unsigned char *cubin;
     uint64_t cubin_size;
 };
@@ -25,7 +25,7 @@ extern const size_t kSassImageCount;
 
 // The SASS in `images` of a kernel module's PTX (NUL-terminated), or
 // nullptr: not one of their modules.
-const SassImage *sass_for_ptx(const char *ptx, const SassImage *images, size_t count);
+const SassImage *sass_for_ptx(const char *image, const SassImage *images, size_t count);
 
 uint64_t fnv1a64(const char *bytes, size_t size);
 

@@ -172,6 +172,14 @@ void cuda_loaded_images(int device_index, kpool_cuda_images *images) {
     const LoadedImages loaded = loaded_images(device_index);
     *images = kpool_cuda_images{};
     std::snprintf(images->family, sizeof(images->family), "%s", name(device.family));
+    // A family's SASS is assembled for its lowest capability (its row's PTX
+    // target): it loads on GPUs of that major version from that minor on.
+    int lowest = 0;
+#define KPOOL_FAMILY_CAPABILITY(name, capability) \
+    if (device.family == Family::name) lowest = capability;
+    KPOOL_FOR_EACH_CUDA_FAMILY(KPOOL_FAMILY_CAPABILITY)
+#undef KPOOL_FAMILY_CAPABILITY
+    images->sass_fits = device.major == lowest / 10 && device.minor >= lowest % 10;
     images->sass_modules = loaded.sass;
     images->ptx_jit_modules = loaded.ptx_jit;
 }

@@ -1136,6 +1136,17 @@ TEST(BadInputWarmUp, NoSuchDeviceIsNamed) {
     EXPECT_THAT(int(rc), AnyOf(int(KPOOL_ERROR_DEVICE), int(KPOOL_ERROR_INVALID_ARGUMENT)));
 }
 
+// The loaded-images query names its arguments too: a NULL output first,
+// then the device as the warm-up does.
+TEST(BadInputWarmUp, LoadedImagesNamesItsArguments) {
+    kpool_status st{};
+    expect_rejected(kpool_cuda_loaded_images(0, nullptr, &st), st, {"images"});
+    kpool_cuda_images images{};
+    const kpool_status_code rc = kpool_cuda_loaded_images(99, &images, &st);
+    expect_rejected(rc, st, {"device_index"});
+    EXPECT_THAT(int(rc), AnyOf(int(KPOOL_ERROR_DEVICE), int(KPOOL_ERROR_INVALID_ARGUMENT)));
+}
+
 TEST(WritesOnlyTargets, Decode) {
     DecodeCall c;
     std::vector<int64_t> locs;

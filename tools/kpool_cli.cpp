@@ -188,9 +188,10 @@ int version_command() {
                          st.message);
             return kExitMismatch;
         }
-        std::printf("%s: family %s, %d kernel modules loaded as SASS, %d JIT-compiled from PTX; "
-                    "first call of every variant %.1f ms\n",
-                    device->name().c_str(), images.family, images.sass_modules, images.ptx_jit_modules, ms);
+        std::printf("%s: family %s (its SASS %s this GPU), %d kernel modules loaded as SASS, %d JIT-compiled "
+                    "from PTX; first call of every variant %.1f ms\n",
+                    device->name().c_str(), images.family, images.sass_fits ? "fits" : "does not fit",
+                    images.sass_modules, images.ptx_jit_modules, ms);
     }
     return kExitOk;
 }

@@ -245,6 +245,7 @@ kpool_status_code kpool_cuda_warm_up(int32_t device_index, const kpool_exec *exe
  * once in kpool_cuda_warm_up. */
 typedef struct kpool_cuda_images {
     char family[16];
+    int32_t sass_fits; /* 1: the family's SASS is of this GPU's architecture */
     int32_t sass_modules;
     int32_t ptx_jit_modules;
 } kpool_cuda_images;
