@@ -376,7 +376,7 @@ void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token
     compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane));
     const bool unroll_slots = pool_size(s) <= plan.decode_lane_unrolled_slots;
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, token), unroll_slots,
-                         vector_values);
+                         /*conditions=*/nullptr, vector_values);
 }
 
 // CUDA runs decode as one kernel, kpool_decode_update (below); the two-kernel
