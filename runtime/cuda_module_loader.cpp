@@ -24,9 +24,9 @@ struct DriverEntries {
     CtxGetDevice ctx_get_device = nullptr;
 };
 
-halide_get_library_symbol_t halide_lookup = nullptr;  // the lookup before kpool's
+// The lookup beneath kpool's (Halide's default dlsym, or a test's stand-in).
+halide_get_library_symbol_t halide_lookup = nullptr;
 DriverEntries driver_entries;
-std::once_flag driver_bound;
 std::mutex counts_mutex;
 std::map<int, LoadedImages> counts;  // by device ordinal
 
@@ -61,23 +61,25 @@ int kpool_module_load_data_ex(void **module, const void *image, unsigned num_opt
 }
 
 // The Halide runtime's symbol lookup, as kpool replaces it: the driver's
-// module load is kpool's; everything else is looked up as before.
+// module load is kpool's; everything else is looked up as before. Halide 21
+// resolves every driver entry point through it (load_libcuda ->
+// halide_cuda_get_symbol -> halide_get_library_symbol), once per process, at
+// its first CUDA call.
 void *lookup_with_kpool_loader(void *lib, const char *name) {
     void *symbol = halide_lookup(lib, name);
     if (symbol == nullptr || std::strcmp(name, "cuModuleLoadDataEx") != 0) {
         return symbol;
     }
-    std::call_once(driver_bound, [&] {
-        driver_entries.load = reinterpret_cast<ModuleLoadDataEx>(symbol);
-        driver_entries.ctx_get_device = reinterpret_cast<CtxGetDevice>(halide_lookup(lib, "cuCtxGetDevice"));
-    });
+    // (Bound on every ask, not once: the entry points are the library's
+    // that this lookup found.)
+    driver_entries.load = reinterpret_cast<ModuleLoadDataEx>(symbol);
+    driver_entries.ctx_get_device = reinterpret_cast<CtxGetDevice>(halide_lookup(lib, "cuCtxGetDevice"));
     return reinterpret_cast<void *>(&kpool_module_load_data_ex);
 }
 
-// Installed when the library loads, before any kernel can run: Halide's
-// runtime binds the driver's entry points once, at its first CUDA call. The
-// lookup belongs to the Halide runtime linked into kpool (kept inside
-// libkpool.so), so this changes no other library's loads.
+// Installed when the library loads, before any kernel can run. The lookup
+// belongs to the Halide runtime linked into kpool (kept inside libkpool.so),
+// so this changes no other library's loads.
 [[maybe_unused]] const bool installed = [] {
     halide_lookup = halide_set_custom_get_library_symbol(&lookup_with_kpool_loader);
     return true;
@@ -113,17 +115,19 @@ const SassImage *sass_for_ptx(const char *image, const SassImage *images, size_t
 int load_module(const SassImage *images, size_t count, ModuleLoadDataEx driver_load, bool sass_allowed, void **module,
                 const void *image, unsigned num_options, int *options, void **option_values, LoadedImage *loaded) {
     // Halide hands over its kernels' PTX text (NUL-terminated); a cubin or
-    // fatbin of another library starts with a binary magic, never matches.
-    const SassImage *sass = sass_for_ptx(static_cast<const char *>(image), images, count);
-    if (sass == nullptr) {
+    // fatbin starts with a binary magic: it loads as asked.
+    const char *text = static_cast<const char *>(image);
+    if (std::strncmp(text, "//", 2) != 0 && std::strncmp(text, ".version ", 9) != 0) {
         return driver_load(module, image, num_options, options, option_values);
     }
-    if (sass_allowed && driver_load(module, sass->cubin, 0, nullptr, nullptr) == 0) {
+    const SassImage *sass = sass_for_ptx(text, images, count);
+    if (sass != nullptr && sass_allowed && driver_load(module, sass->cubin, 0, nullptr, nullptr) == 0) {
         *loaded = LoadedImage::Sass;
         return 0;
     }
-    // The driver cannot take the SASS: its PTX, JIT-compiled under the cap
-    // the SASS was assembled with (Halide's own request: 64 registers).
+    // The PTX (no SASS for it, SASS not allowed, or the driver cannot take
+    // the SASS), JIT-compiled under the cap the SASS was assembled with, never
+    // Halide's own request (64 registers; the large kernels run 3x slower).
     int option = kJitMaxRegisters;
     void *cap = reinterpret_cast<void *>(static_cast<uintptr_t>(KPOOL_CUDA_MAX_REGISTERS));
     const int result = driver_load(module, image, 1, &option, &cap);
@@ -131,6 +135,12 @@ int load_module(const SassImage *images, size_t count, ModuleLoadDataEx driver_l
         *loaded = LoadedImage::PtxJit;
     }
     return result;
+}
+
+LibrarySymbolLookup lookup_beneath_module_loader(LibrarySymbolLookup lookup) {
+    LibrarySymbolLookup before = halide_lookup;
+    halide_lookup = lookup;
+    return before;
 }
 
 LoadedImages loaded_images(int device_ordinal) {

@@ -4,8 +4,9 @@
 // the SASS the build assembled for the same PTX (cmake/embed_sass.py), or,
 // where the driver cannot take it (a GPU of another architecture, or a
 // driver older than the build's ptxas), JIT-compiles the PTX under the
-// register cap the SASS was assembled with. Modules that are not kpool's
-// load as their caller asked.
+// register cap the SASS was assembled with, as it does any PTX the build has
+// no SASS for (never Halide's 64-register request). Binary images (cubins,
+// fatbins) load as their caller asked.
 #pragma once
 
 #include <cstddef>
@@ -42,13 +43,19 @@ using ModuleLoadDataEx = int (*)(void **module, const void *image, unsigned num_
 
 // The loader's decision for one module load, with the driver's entry point
 // as a parameter (the tests give it a stand-in): kpool's SASS when `image`
-// is one of kpool's PTX modules, SASS is allowed and the driver takes it; else that PTX
-// under kpool's register cap; else (another library's module) the image
-// and options as asked. `loaded` says which kpool image loaded (untouched
-// for another library's module).
+// is PTX the build has SASS for, SASS is allowed and the driver takes it;
+// else that PTX under kpool's register cap (never Halide's 64); else (a
+// cubin or fatbin, not PTX text) the image and options as asked. `loaded`
+// says which image loaded (untouched for a binary image).
 enum class LoadedImage { None, Sass, PtxJit };
 // `images`: the build's (kSassImages), or a test's.
 int load_module(const SassImage *images, size_t count, ModuleLoadDataEx driver_load, bool sass_allowed, void **module,
                 const void *image, unsigned num_options, int *options, void **option_values, LoadedImage *loaded);
+
+// The symbol lookup kpool's loader sits on in the Halide runtime's chain
+// (halide_set_custom_get_library_symbol: Halide's default, dlsym), replaced
+// by `lookup`; returns the one before. The tests put a stand-in driver there.
+using LibrarySymbolLookup = void *(*)(void *lib, const char *name);
+LibrarySymbolLookup lookup_beneath_module_loader(LibrarySymbolLookup lookup);
 
 }  // namespace kpool::rt

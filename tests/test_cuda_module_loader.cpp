@@ -2,14 +2,25 @@
 // stand-in for the driver's cuModuleLoadDataEx, on the CPU: a kpool module's
 // SASS first, its PTX under kpool's register cap where the driver refuses
 // the SASS (the path every GPU the SASS does not fit takes: on a GPU,
-// KPOOL_CUDA_FAMILY=<an older family> runs it), and other libraries' modules
-// untouched.
+// KPOOL_CUDA_FAMILY=<an older family> runs it) or the build has none, and
+// binary images untouched. Then the path the Halide runtime takes: the
+// kernel modules embedded in this binary, asked for through Halide's own
+// driver lookup (halide_cuda_get_symbol, as its load_libcuda does) with the
+// stand-in beneath kpool's lookup.
+#include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_module_loader.h"
 #include "gtest/gtest.h"
+
+// The Halide runtime's driver lookup (src/runtime/cuda.cpp), linked in from
+// kpool's Halide runtime.
+extern "C" void *halide_cuda_get_symbol(void *user_context, const char *name);
 
 namespace {
 
@@ -26,7 +37,7 @@ const unsigned char kCubin[] = {0x7f, 'E', 'L', 'F', 2, 1, 1, 0};
 
 int stand_in_driver(void **module, const void *image, unsigned n, int *options, void **values) {
     loads.push_back({image, std::vector<int>(options, options + n), std::vector<void *>(values, values + n)});
-    if (refuse_sass && image == kCubin) {
+    if (refuse_sass && static_cast<const unsigned char *>(image)[0] == 0x7f) {  // a cubin (ELF)
         return 209;  // CUDA_ERROR_NO_BINARY_FOR_GPU
     }
     *module = const_cast<void *>(image);
@@ -83,14 +94,28 @@ TEST_F(CudaModuleLoader, PtxOnlyWhenSassIsNotAllowed) {
     EXPECT_EQ(LoadedImage::PtxJit, loaded);
 }
 
-TEST_F(CudaModuleLoader, OtherModulesLoadAsAsked) {
-    const std::string other = ptx + "// another library's\n";
+// PTX the build has no SASS for (a key the build and the loader disagree
+// on): still under kpool's cap, never Halide's 64.
+TEST_F(CudaModuleLoader, PtxWithoutSassJitCompilesUnderTheCap) {
+    const std::string other = ptx + "// not the build's\n";
+    int halide_options[] = {0};
+    void *halide_values[] = {reinterpret_cast<void *>(uintptr_t{64})};
+    LoadedImage loaded = LoadedImage::None;
+    ASSERT_EQ(0, load(other.c_str(), true, &loaded, 1, halide_options, halide_values));
+    ASSERT_EQ(1u, loads.size());
+    EXPECT_EQ(static_cast<const void *>(other.c_str()), loads[0].image);
+    ASSERT_EQ(std::vector<int>{0}, loads[0].options);
+    EXPECT_EQ(reinterpret_cast<void *>(uintptr_t{KPOOL_CUDA_MAX_REGISTERS}), loads[0].values[0]);
+    EXPECT_EQ(LoadedImage::PtxJit, loaded);
+}
+
+TEST_F(CudaModuleLoader, BinaryImagesLoadAsAsked) {
     int options[] = {0};
     void *values[] = {reinterpret_cast<void *>(uintptr_t{32})};
     LoadedImage loaded = LoadedImage::None;
-    ASSERT_EQ(0, load(other.c_str(), true, &loaded, 1, options, values));
+    ASSERT_EQ(0, load(kCubin, true, &loaded, 1, options, values));
     ASSERT_EQ(1u, loads.size());
-    EXPECT_EQ(static_cast<const void *>(other.c_str()), loads[0].image);
+    EXPECT_EQ(static_cast<const void *>(kCubin), loads[0].image);
     EXPECT_EQ(values[0], loads[0].values[0]);
     EXPECT_EQ(LoadedImage::None, loaded);
 }
@@ -99,6 +124,133 @@ TEST_F(CudaModuleLoader, OtherModulesLoadAsAsked) {
 TEST_F(CudaModuleLoader, KeysByFnv1a64) {
     EXPECT_EQ(0xcbf29ce484222325ull, fnv1a64("", 0));
     EXPECT_EQ(0xaf63dc4c8601ec8cull, fnv1a64("a", 1));
+}
+
+// Every CUDA kernel module embedded in this binary, as the Halide runtime
+// hands it to the driver: from its comment lines (LLVM's banner, or the
+// build's) to its NUL. (The loader takes a module for PTX by its opening
+// "//": a layout without it finds fewer modules than the build's SASS.)
+std::vector<std::string> embedded_kernel_modules() {
+    std::ifstream in("/proc/self/exe", std::ios::binary);
+    const std::string binary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::string> modules;
+    for (size_t at = binary.find(".version "); at != std::string::npos; at = binary.find(".version ", at + 1)) {
+        const size_t line_end = binary.find('\n', at);
+        if (line_end == std::string::npos || binary.compare(line_end + 1, std::strlen(".target sm_"), ".target sm_") != 0) {
+            continue;
+        }
+        size_t start = at;
+        while (start > 0) {
+            const size_t line_start = binary.find_last_of(std::string("\n\0", 2), start - 2) + 1;
+            const std::string line = binary.substr(line_start, start - line_start);
+            if (line.compare(0, 2, "//") != 0 && line != "\n") {
+                // (Where the data before the module has no NUL or newline
+                // at its end, the module's first line ends this one.)
+                const size_t comment = line.back() == '\n' ? line.rfind("//") : std::string::npos;
+                start = comment == std::string::npos ? start : line_start + comment;
+                break;
+            }
+            start = line_start;
+        }
+        std::string module = binary.substr(start, binary.find('\0', at) - start);
+        // (Halide's modules open with LLVM's comment banner, the build's
+        // where it raised the header; other tests' stand-in PTX has none.)
+        if (module.compare(0, 2, "//") == 0) {
+            modules.push_back(std::move(module));
+        }
+    }
+    return modules;
+}
+
+// The keys the build wrote (cmake/ptx_for_family.py) are the keys the loader
+// reads from the PTX as it is embedded: every module finds its SASS.
+TEST_F(CudaModuleLoader, EveryEmbeddedKernelModuleFindsItsSass) {
+    if (kSassImageCount == 0) {
+        GTEST_SKIP() << "no CUDA kernels in this build";
+    }
+    const std::vector<std::string> modules = embedded_kernel_modules();
+    EXPECT_EQ(kSassImageCount, modules.size());
+    for (const std::string &module : modules) {
+        EXPECT_NE(nullptr, sass_for_ptx(module.c_str(), kSassImages, kSassImageCount)) << module.substr(0, 80);
+    }
+}
+
+// A stand-in driver library beneath kpool's lookup: its module load and the
+// current context's device.
+constexpr int kStandInDevice = 7;
+int stand_in_ctx_get_device(int *device) {
+    *device = kStandInDevice;
+    return 0;
+}
+void *stand_in_library_symbol(void *, const char *name) {
+    if (std::strcmp(name, "cuModuleLoadDataEx") == 0) {
+        return reinterpret_cast<void *>(&stand_in_driver);
+    }
+    if (std::strcmp(name, "cuCtxGetDevice") == 0) {
+        return reinterpret_cast<void *>(&stand_in_ctx_get_device);
+    }
+    return nullptr;
+}
+
+class HalideRuntimeModuleLoad : public CudaModuleLoader {
+protected:
+    void SetUp() override {
+        CudaModuleLoader::SetUp();
+        if (kSassImageCount == 0) {
+            GTEST_SKIP() << "no CUDA kernels in this build";
+        }
+        beneath = lookup_beneath_module_loader(&stand_in_library_symbol);
+        module_load = reinterpret_cast<ModuleLoadDataEx>(halide_cuda_get_symbol(nullptr, "cuModuleLoadDataEx"));
+    }
+    void TearDown() override {
+        if (beneath != nullptr) {
+            lookup_beneath_module_loader(beneath);
+            // (Binds the real driver again where the process has one.)
+            halide_cuda_get_symbol(nullptr, "cuModuleLoadDataEx");
+        }
+    }
+    LibrarySymbolLookup beneath = nullptr;
+    ModuleLoadDataEx module_load = nullptr;  // what Halide's runtime calls
+};
+
+TEST_F(HalideRuntimeModuleLoad, LoadsTheSassOfEveryKernelModule) {
+    ASSERT_NE(nullptr, module_load);
+    ASSERT_NE(reinterpret_cast<ModuleLoadDataEx>(&stand_in_driver), module_load)
+        << "Halide's runtime bypasses kpool's loader";
+    const LoadedImages before = loaded_images(kStandInDevice);
+    const std::vector<std::string> modules = embedded_kernel_modules();
+    ASSERT_EQ(kSassImageCount, modules.size());
+    for (const std::string &module : modules) {
+        loads.clear();
+        int halide_options[] = {0};
+        void *halide_values[] = {reinterpret_cast<void *>(uintptr_t{64})};
+        void *loaded_module = nullptr;
+        ASSERT_EQ(0, module_load(&loaded_module, module.c_str(), 1, halide_options, halide_values));
+        ASSERT_EQ(1u, loads.size());
+        const SassImage *sass = sass_for_ptx(module.c_str(), kSassImages, kSassImageCount);
+        ASSERT_NE(nullptr, sass);
+        EXPECT_EQ(static_cast<const void *>(sass->cubin), loads[0].image);
+    }
+    EXPECT_EQ(before.sass + static_cast<int>(modules.size()), loaded_images(kStandInDevice).sass);
+}
+
+TEST_F(HalideRuntimeModuleLoad, JitCompilesUnderTheCapWhereTheDriverRefusesTheSass) {
+    refuse_sass = true;
+    const std::vector<std::string> modules = embedded_kernel_modules();
+    ASSERT_FALSE(modules.empty());
+    const SassImage *sass = sass_for_ptx(modules[0].c_str(), kSassImages, kSassImageCount);
+    ASSERT_NE(nullptr, sass);
+    const LoadedImages before = loaded_images(kStandInDevice);
+    int halide_options[] = {0};
+    void *halide_values[] = {reinterpret_cast<void *>(uintptr_t{64})};
+    void *loaded_module = nullptr;
+    ASSERT_EQ(0, module_load(&loaded_module, modules[0].c_str(), 1, halide_options, halide_values));
+    ASSERT_EQ(2u, loads.size());
+    EXPECT_EQ(static_cast<const void *>(sass->cubin), loads[0].image);
+    EXPECT_EQ(static_cast<const void *>(modules[0].c_str()), loads[1].image);
+    ASSERT_EQ(std::vector<int>{0}, loads[1].options);
+    EXPECT_EQ(reinterpret_cast<void *>(uintptr_t{KPOOL_CUDA_MAX_REGISTERS}), loads[1].values[0]);
+    EXPECT_EQ(before.ptx_jit + 1, loaded_images(kStandInDevice).ptx_jit);
 }
 
 }  // namespace
