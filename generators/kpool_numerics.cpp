@@ -134,7 +134,12 @@ Expr f64(double v) {
 }  // namespace
 
 RoundingBarrier rounding_barrier(Expr buffer_stride) {
-    return {select(buffer_stride == -std::numeric_limits<int32_t>::max(), cast<uint32_t>(1), cast<uint32_t>(0))};
+    // The sentinel is INT32_MIN, a multiple of every power of two, so no
+    // alignment a schedule specializes on (stride % 8 == 0 for 16-byte rows)
+    // lets the simplifier decide the comparison. An odd sentinel did: in the
+    // aligned compress kernels it folded to 0, the OR went away and every
+    // k*p product was contracted into the sum's fma (1-code differences).
+    return {select(buffer_stride == std::numeric_limits<int32_t>::min(), cast<uint32_t>(1), cast<uint32_t>(0))};
 }
 
 Expr RoundingBarrier::operator()(Expr product) const {

@@ -80,8 +80,9 @@ Halide::Expr ue8m0_reciprocal(Halide::Expr scale);
 // become one fma, whatever strict_float says. The contract rounds every
 // product. A barrier ORs the product's bits with an integer the compiler
 // cannot prove is 0 (`opaque_zero`: whether a buffer's outer stride is
-// -INT32_MAX, which no buffer kpool passes has), so the product is rounded on
-// its own.
+// INT32_MIN, which no buffer kpool passes has), so the product is rounded on
+// its own. The sentinel must stay undecidable under every fact a schedule
+// specializes on (alignment of that same stride included).
 struct RoundingBarrier {
     Halide::Expr opaque_zero;  // uint32 0 at run time
     Halide::Expr operator()(Halide::Expr product) const;

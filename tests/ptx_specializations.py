@@ -1,4 +1,5 @@
-"""Every specialization a compress schedule promises is in its CUDA device code.
+"""Every specialization a compress schedule promises is in its CUDA device code,
+and none of them loses the exact arithmetic's rounding barriers.
 
     ptx_specializations.py BUILD_DIR FAMILY
 
@@ -8,8 +9,17 @@ cuda.cpp, specialize_compress): the kernel for aligned rows under
 round_scale multiplies each code's quotient by the scale's exact reciprocal,
 so it keeps only the pool's divisions (one per element of a lane), half of
 what its siblings (the pool's and the quotient's) compute. A kernel that
-still divided and selected per code would have as many as they do. Fails
-naming the object and the counts.
+still divided and selected per code would have as many as they do.
+
+In the exact arithmetic (objects without `_triton`) every k*p product is
+rounded on its own: a `mul.f32` whose bits are ORed with an opaque zero
+(generators/kpool_numerics.h, RoundingBarrier) before it joins the sum, so
+no compiler contracts it into an fma. Each of the three kernels must keep
+the same number (> 0) of such barriers, and no `mul.f32` result may feed an
+`add.f32`/`sub.f32` directly (ptxas may fuse a pair without `.rn`). A
+specialization whose facts let the simplifier prove the opaque zero is 0
+drops them and the kernel's codes differ from the CPU's by 1. Fails naming
+the object and the counts.
 """
 import glob
 import os
@@ -18,6 +28,10 @@ import sys
 
 DIVISION = re.compile(rb"\bdiv\.(?:full|rn|approx)(?:\.ftz)?\.f32\b")
 ENTRY = re.compile(rb"\.entry\s+(\w+)")
+PRODUCT = re.compile(rb"^\s*mul\.f32\s+(%r\d+),", re.M)
+REGISTER_OR = re.compile(rb"^\s*or\.b32\s+(%r\d+),\s*%r\d+,\s*%r\d+;", re.M)
+SUM = re.compile(rb"^\s*(?:add|sub)\.f32\s+%r\d+,\s*([^;]*);", re.M)
+REG = re.compile(rb"%r\d+")
 
 
 def modules(data):
@@ -38,6 +52,25 @@ def kernels(ptx):
         yield m.group(1).decode(), ptx[m.start():end]
 
 
+def barrier_counts(kernel):
+    """(products ORed into a sum, products summed without a barrier) of a kernel."""
+    products = set(PRODUCT.findall(kernel))
+    ored = set(REGISTER_OR.findall(kernel))
+    summed = [r for operands in SUM.findall(kernel) for r in REG.findall(operands)]
+    return sum(r in ored for r in summed), sum(r in products for r in summed)
+
+
+def check_exact(obj_path):
+    with open(obj_path, "rb") as f:
+        data = f.read()
+    counts = {name: barrier_counts(text) for ptx in modules(data) for name, text in kernels(ptx)}
+    barriers = {n for n, _ in counts.values()}
+    if not counts or len(barriers) != 1 or 0 in barriers or any(bare for _, bare in counts.values()):
+        return (f"{obj_path}: (rounding barriers into a sum, bare products into a sum) per kernel {counts}: "
+                "every kernel should round each product on its own, the same number of times")
+    return None
+
+
 def check(obj_path):
     with open(obj_path, "rb") as f:
         data = f.read()
@@ -55,10 +88,13 @@ def main(build_dir, family):
     if not objects:
         sys.exit(f"no kpool_{family}_compress_*.o in {build_dir}")
     failures = [f for f in map(check, objects) if f]
-    for failure in failures:
+    exact = [o for o in objects if not o.endswith("_triton.o")]
+    exact_failures = [f for f in map(check_exact, exact) if f]
+    for failure in failures + exact_failures:
         print(failure)
     print(f"{len(objects) - len(failures)} of {len(objects)} compress objects specialize on round_scale")
-    sys.exit(1 if failures else 0)
+    print(f"{len(exact) - len(exact_failures)} of {len(exact)} exact compress objects keep their rounding barriers")
+    sys.exit(1 if failures or exact_failures else 0)
 
 
 if __name__ == "__main__":
