@@ -108,18 +108,16 @@ while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR)' 
 # then racecheck and memcheck over every GPU test but the *Many* ones (70000
 # rows: minutes under the tools).
 sanitizer_cap=${KPOOL_SANITIZER_S:-100}
-sanitize() { # TOOL FILTER [ENV=VALUE...]
-    local tool=$1 filter=$2
-    shift 2
-    env "$@" timeout "$sanitizer_cap" compute-sanitizer --tool "$tool" --error-exitcode 1 \
-        build/tests/kpool_tests --gtest_filter="$filter" --gtest_brief=1
-}
+# (A command, not a shell function: step runs it under timeout.)
+sanitizer=(timeout "$sanitizer_cap" compute-sanitizer --error-exitcode 1)
 step "compute-sanitizer memcheck (GPU fuzz corpus replay)" memcheck_fuzz_replay.log \
-    sanitize memcheck 'GpuFuzzReplay*' KPOOL_FUZZ_REPLAY_LIMIT="${KPOOL_FUZZ_REPLAY_LIMIT:-120}"
+    env KPOOL_FUZZ_REPLAY_LIMIT="${KPOOL_FUZZ_REPLAY_LIMIT:-120}" "${sanitizer[@]}" --tool memcheck \
+    build/tests/kpool_tests --gtest_filter='GpuFuzzReplay*' --gtest_brief=1
 while read -r line; do summary+=("  $line"); done < <(grep -E 'SUMMARY|^\[  (PASSED|FAILED)|committed inputs replayed' \
     "$out/memcheck_fuzz_replay.log" | head -12)
 for tool in racecheck memcheck; do
-    step "compute-sanitizer $tool (GPU tests but *Many*)" "$tool.log" sanitize "$tool" 'Gpu*:-*Many*:GpuFuzzReplay*'
+    step "compute-sanitizer $tool (GPU tests but *Many*)" "$tool.log" "${sanitizer[@]}" --tool "$tool" \
+        build/tests/kpool_tests --gtest_filter='Gpu*:-*Many*:GpuFuzzReplay*' --gtest_brief=1
     while read -r line; do summary+=("  $line"); done < <(grep -E 'SUMMARY|^\[  (PASSED|FAILED)' "$out/$tool.log" | head -8)
 done
 
