@@ -69,8 +69,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 # each: the SASS, the PTX forced ($KPOOL_CUDA_IMAGE=ptx), and an older
 # family whose SASS does not fit this GPU (the driver's fallback to the PTX).
 step "kpool version: first calls, SASS vs PTX JIT" first_calls.log bash -c '
-    build/tools/kpool version && KPOOL_CUDA_IMAGE=ptx build/tools/kpool version &&
-    KPOOL_CUDA_FAMILY=sm80 build/tools/kpool version'
+    build/tools/kpool version && CUDA_CACHE_DISABLE=1 KPOOL_CUDA_IMAGE=ptx build/tools/kpool version &&
+    CUDA_CACHE_DISABLE=1 KPOOL_CUDA_FAMILY=sm80 build/tools/kpool version'
 while read -r line; do summary+=("  $line"); done < <(grep -E '^cuda:' "$out/first_calls.log")
 step "gpu tests" gpu_tests.log build/tests/kpool_tests --gtest_filter='Gpu*' --gtest_brief=1
 summary+=("  $(grep -E '^\[  (PASSED|FAILED)' "$out/gpu_tests.log" | tr '\n' ' ')")
