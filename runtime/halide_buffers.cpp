@@ -74,6 +74,25 @@ HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes) {
                                     i32(a.dim(0) > 1 ? a.stride(0) / per_word : KPOOL_HEAD_DIM / per_word))});
 }
 
+bool rows_of_16_bytes(const HalideBuffer &b) {
+    const int bytes = b.type().bytes();
+    bool aligned = reinterpret_cast<uintptr_t>(b.data()) % 16 == 0;
+    for (int i = 1; i < b.dimensions(); i++) {
+        aligned = aligned && (int64_t(b.dim(i).stride()) * bytes) % 16 == 0;
+    }
+    return aligned;
+}
+
+HalideBuffer as_words(const HalideBuffer &b, halide_type_t word) {
+    const int per_word = word.bytes() / b.type().bytes();
+    std::vector<halide_dimension_t> dims(b.raw_buffer()->dim, b.raw_buffer()->dim + b.dimensions());
+    dims[0].extent /= per_word;
+    for (size_t i = 1; i < dims.size(); i++) {
+        dims[i].stride /= per_word;
+    }
+    return make(word, b.raw_buffer()->host, dims);
+}
+
 HalideBuffer wrap_row_scales(const TensorArg &scales, int32_t per_row) {
     return make(halide_type_of<float>(), scales.t->data,
                 {halide_dimension_t(0, per_row, 0),
