@@ -21,6 +21,21 @@ Func as_f32(Func bits, const Type &type, const std::string &name, Var d, Var j, 
     return f;
 }
 
+// bf16 values per item of a lane: an item is a 32- or 64-bit word of
+// bf16 (the first in the low half), or one f32.
+int values_per_item(const Type &t) { return t.is_uint() && t.bits() > 16 ? t.bits() / 16 : 1; }
+
+// Element `index_in_lane` of a lane's items as f32.
+Expr item_value_f32(Func items, const Type &item_type, Expr index_in_lane, std::vector<Expr> item_args) {
+    const int per_item = values_per_item(item_type);
+    item_args.insert(item_args.begin(), index_in_lane / per_item);
+    Expr item = items(item_args);
+    if (per_item == 1) {
+        return item;
+    }
+    return bf16_to_f32(cast<uint16_t>(item >> cast(item_type, (index_in_lane % per_item) * 16)));
+}
+
 }  // namespace
 
 template <typename T>
@@ -29,8 +44,11 @@ public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
     GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
 
-    // slot_score's type (uint16 = bf16 bits, or float32) is chosen per variant.
-    GeneratorInput<Buffer<uint16_t, 3>> slot_k{"slot_k"};  // (d, j, pool) bf16 bits
+    // The inputs' types are chosen per variant: the element kernels read
+    // slot_k as uint16 (bf16 bits, (d, j, pool)) and slot_score as uint16 or
+    // float32; the words kernels (CUDA, aligned rows) read bf16 as uint32 or
+    // uint64 words of 2 or 4, (d / 2 or d / 4, j, pool), the first in the low bits.
+    GeneratorInput<Buffer<void, 3>> slot_k{"slot_k"};
     GeneratorInput<Buffer<void, 3>> slot_score{"slot_score"};
     GeneratorInput<Buffer<float, 2>> ape{"ape"};  // (d, j)
     GeneratorInput<bool> round_scale{"round_scale"};
@@ -41,8 +59,8 @@ protected:
     // The inputs' estimates; true where an autoscheduler schedules instead.
     bool estimate_inputs() {
         using namespace estimate;
-        slot_k.set_estimates({{0, kHeadDim}, {0, pool_size}, {0, kPools}});
-        slot_score.set_estimates({{0, kHeadDim}, {0, pool_size}, {0, kPools}});
+        slot_k.set_estimates({{0, kHeadDim / values_per_item(slot_k.type())}, {0, pool_size}, {0, kPools}});
+        slot_score.set_estimates({{0, kHeadDim / values_per_item(slot_score.type())}, {0, pool_size}, {0, kPools}});
         ape.set_estimates({{0, kHeadDim}, {0, pool_size}});
         round_scale.set_estimate(true);
         aligned_data.set_estimate(true);
@@ -53,30 +71,78 @@ protected:
     // starts 16-byte aligned (aligned_data: the runtime checked the data).
     CompressConditions conditions() {
         auto rows_of_16_bytes = [](const Expr &stride, const Type &t) { return stride % (16 / t.bytes()) == 0; };
-        Expr aligned = aligned_data && rows_of_16_bytes(slot_k.dim(1).stride(), UInt(16)) &&
-                       rows_of_16_bytes(slot_k.dim(2).stride(), UInt(16)) &&
+        Expr aligned = aligned_data && rows_of_16_bytes(slot_k.dim(1).stride(), slot_k.type()) &&
+                       rows_of_16_bytes(slot_k.dim(2).stride(), slot_k.type()) &&
                        rows_of_16_bytes(slot_score.dim(1).stride(), slot_score.type()) &&
                        rows_of_16_bytes(slot_score.dim(2).stride(), slot_score.type()) &&
                        rows_of_16_bytes(ape.dim(1).stride(), Float(32));
         return {aligned, round_scale};
     }
 
+    // Whether this is a words kernel (slot_k as words of bf16).
+    bool words() { return values_per_item(slot_k.type()) > 1; }
+
     template <typename Stages>
     CompressPool define_compress(Stages &s) {
         Var d = s.d, j = s.j, pool = s.pool;
-        Func key = as_f32(slot_k, UInt(16), "key_f32", d, j, pool);
-        Func score = as_f32(slot_score, slot_score.type(), "score_f32", d, j, pool);
-        slot_k.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
-        slot_score.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
-        ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         const BuildPlan plan = this->build_plan();
         const Arithmetic arith = arithmetic_for(arithmetic, plan.target);
         const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Compress, arith});
         s.layout = decided.layout;
-        return compress_pool(key, score, ape, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
+        Func key{"key_f32"}, score{"score_f32"}, ape_f32{"ape_f32"};
+        if (words()) {
+            define_lane_loads(s.lane_loads, s.layout, key, score, ape_f32, d, j, pool, s.lane);
+        } else {
+            if (slot_k.type() != UInt(16)) {
+                throw CompileError("slot_k.type must be uint16 (bf16 bits), or uint32 or uint64 (words of bf16)");
+            }
+            key = as_f32(slot_k, UInt(16), "key_f32", d, j, pool);
+            score = as_f32(slot_score, slot_score.type(), "score_f32", d, j, pool);
+            ape_f32 = ape;
+        }
+        slot_k.dim(0).set_bounds(0, kHeadDim / values_per_item(slot_k.type())).dim(1).set_bounds(0, pool_size);
+        slot_score.dim(0).set_bounds(0, kHeadDim / values_per_item(slot_score.type())).dim(1).set_bounds(0, pool_size);
+        ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
+        return compress_pool(key, score, ape_f32, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
                              {arith, rounding_barrier(slot_k.dim(2).stride()), decided.exp_branches,
-                              max_min_rule(plan.target)},
-                             decided.e4m3);
+                               max_min_rule(plan.target)},
+                              decided.e4m3);
+    }
+
+    // The words kernels: each lane reads its V values of every slot itself
+    // (lane l holds values l * V .. l * V + V - 1: compress's runs are its
+    // values), as items at l * items + item; the rows are 16-byte aligned
+    // (the runtime takes these kernels only for such data), so a schedule
+    // may load 4 items of 32 bits at once.
+    void define_lane_loads(CompressLaneLoads &l, const RowLayout &layout, Func &key, Func &score, Func &ape_f32,
+                           Var d, Var j, Var pool, Var lane) {
+        const int V = layout.values_per_lane;
+        if (layout.run != V || (values_per_item(slot_score.type()) == 1 && slot_score.type() != Float(32)) ||
+            V % values_per_item(slot_k.type()) != 0 || V % values_per_item(slot_score.type()) != 0) {
+            throw CompileError("the compress words kernels need runs of a lane's values, and slot_score as words of "
+                               "bf16 or float32, each lane's values whole words");
+        }
+        const Var &item = l.item;
+        l.key_items = V / values_per_item(slot_k.type());
+        l.score_items = V / values_per_item(slot_score.type());
+        l.ape_items = V;
+        l.key = Func{"key_lane_words"};
+        l.key(item, j, lane, pool) = slot_k(lane * l.key_items + item, j, pool);
+        l.score = Func{"score_lane_items"};
+        l.score(item, j, lane, pool) = slot_score(lane * l.score_items + item, j, pool);
+        l.ape = Func{"ape_lane_items"};
+        l.ape(item, j, lane) = ape(lane * l.ape_items + item, j);
+        Expr in_lane = d % V, of_lane = d / V;
+        key(d, j, pool) = item_value_f32(l.key, slot_k.type(), in_lane, {j, of_lane, pool});
+        score(d, j, pool) = item_value_f32(l.score, slot_score.type(), in_lane, {j, of_lane, pool});
+        ape_f32(d, j) = l.ape(in_lane, j, of_lane);
+        // Rows of whole 16-byte loads: strides in items multiples of 16 bytes.
+        for (GeneratorInput<Buffer<void, 3>> *in : {&slot_k, &slot_score}) {
+            const int per_load = 16 / in->type().bytes();
+            in->dim(1).set_stride((in->dim(1).stride() / per_load) * per_load);
+            in->dim(2).set_stride((in->dim(2).stride() / per_load) * per_load);
+        }
+        ape.dim(1).set_stride((ape.dim(1).stride() / 4) * 4);
     }
 };
 

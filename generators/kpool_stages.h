@@ -117,6 +117,17 @@ struct CompressConditions {
     Expr round_scale;  // the quotient multiplies by the scale's exact reciprocal: no division
 };
 
+// Compress's words kernels (CUDA, rows of 16-byte-aligned data and
+// strides): each lane reads its own V values of every slot, as items of
+// (item, j, lane, pool) -- bf16 as 32-bit words of two (the first in the low
+// half), f32 as itself; ape as (item, j, lane). A schedule loads a lane's
+// items in wide vectors. Undefined in the element kernels.
+struct CompressLaneLoads {
+    Func key, score, ape;
+    Var item{"item"};
+    int key_items = 0, score_items = 0, ape_items = 0;  // per lane and slot
+};
+
 // Softmax-pool compress of n pools, written to the cache (the output's
 // update over `write`: (d, pool)) or returned as rows.
 struct CompressToCacheStages {
@@ -124,6 +135,7 @@ struct CompressToCacheStages {
     RowLayout layout;
     CompressConditions conditions;
     CompressPool compress;
+    CompressLaneLoads lane_loads;
     Func cache;
     RDom write;
 };
@@ -132,6 +144,7 @@ struct CompressToRowsStages {
     RowLayout layout;
     CompressConditions conditions;
     CompressPool compress;
+    CompressLaneLoads lane_loads;
     Func out;  // Tuple(codes, scale) over (d, pool)
 };
 

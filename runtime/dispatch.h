@@ -17,6 +17,9 @@ enum class Kernel {
     FWHT_WORDS,  // CUDA: 16-byte-aligned rows of bf16 pairs in, 8-byte words of codes out
     COMPRESS_TO_CACHE,
     COMPRESS_TO_ROWS,
+    // CUDA: rows of 16-byte-aligned data and strides, bf16 as 64-bit words of 4
+    COMPRESS_TO_CACHE_WORDS,
+    COMPRESS_TO_ROWS_WORDS,
     SEED_TAIL,
     DECODE_WRITE_CACHE,  // the CPU's decode: completions, then DECODE_STASH_TAIL
     DECODE_STASH_TAIL,
@@ -67,8 +70,10 @@ KPOOL_SIGNATURE(FWHT, Buf, Buf, Buf)
 KPOOL_SIGNATURE(FWHT_WORDS, Buf, Buf, Buf)
 // (slot_k, slot_score, ape, round_scale, loc, write_mask, cache codes, cache scales)
 KPOOL_SIGNATURE(COMPRESS_TO_CACHE, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
+KPOOL_SIGNATURE(COMPRESS_TO_CACHE_WORDS, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
 // (slot_k, slot_score, ape, round_scale, codes, scales)
 KPOOL_SIGNATURE(COMPRESS_TO_ROWS, Buf, Buf, Buf, bool, bool, Buf, Buf)
+KPOOL_SIGNATURE(COMPRESS_TO_ROWS_WORDS, Buf, Buf, Buf, bool, bool, Buf, Buf)
 // (key, gate_score, tslot, pool_size, tail)
 KPOOL_SIGNATURE(SEED_TAIL, Buf, Buf, Buf, int32_t, Buf)
 // (tail, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,

@@ -1,5 +1,8 @@
 #include "halide_buffers.h"
 
+#include <algorithm>
+#include <cstdint>
+
 namespace kpool::rt {
 
 namespace {
@@ -27,11 +30,14 @@ int32_t i32(int64_t v) { return static_cast<int32_t>(v); }
 
 HalideBuffer wrap(const TensorArg &a) {
     std::vector<halide_dimension_t> dims;
+    int64_t contiguous = 1;  // the stride of a dense dimension here
     for (int i = a.t->ndim - 1; i >= 0; i--) {
-        // A size-1 dimension's stride is arbitrary in torch; any value that
-        // fits is as good.
-        int64_t stride = a.dim(i) > 1 ? a.stride(i) : 1;
+        // A size-1 dimension's stride is arbitrary in torch: it takes the
+        // dense one, so rows that are aligned stay so for the kernels that
+        // specialize on aligned strides (compress).
+        int64_t stride = a.dim(i) > 1 ? a.stride(i) : contiguous <= INT32_MAX ? contiguous : 1;
         dims.push_back(halide_dimension_t(0, i32(a.dim(i)), i32(stride)));
+        contiguous = stride * std::max<int64_t>(a.dim(i), 1);
     }
     return make(element_type(a.t->dtype), a.t->data, dims);
 }
@@ -66,6 +72,25 @@ HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes) {
                  // kernel asks of the stride divides.
                  halide_dimension_t(0, i32(a.dim(0)),
                                     i32(a.dim(0) > 1 ? a.stride(0) / per_word : KPOOL_HEAD_DIM / per_word))});
+}
+
+bool rows_of_16_bytes(const HalideBuffer &b) {
+    const int bytes = b.type().bytes();
+    bool aligned = reinterpret_cast<uintptr_t>(b.data()) % 16 == 0;
+    for (int i = 1; i < b.dimensions(); i++) {
+        aligned = aligned && (int64_t(b.dim(i).stride()) * bytes) % 16 == 0;
+    }
+    return aligned;
+}
+
+HalideBuffer as_words(const HalideBuffer &b, halide_type_t word) {
+    const int per_word = word.bytes() / b.type().bytes();
+    std::vector<halide_dimension_t> dims(b.raw_buffer()->dim, b.raw_buffer()->dim + b.dimensions());
+    dims[0].extent /= per_word;
+    for (size_t i = 1; i < dims.size(); i++) {
+        dims[i].stride /= per_word;
+    }
+    return make(word, b.raw_buffer()->host, dims);
 }
 
 HalideBuffer wrap_row_scales(const TensorArg &scales, int32_t per_row) {

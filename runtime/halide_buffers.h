@@ -30,6 +30,12 @@ bool rows_fit_words(const TensorArg &a, int64_t bytes);
 // Whether a tensor's data starts 16-byte aligned.
 bool starts_16_byte_aligned(const TensorArg &a);
 HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes);
+// Whether a buffer's data and every stride past the first are multiples of
+// 16 bytes (a size-1 dimension takes the dense stride, wrap()).
+bool rows_of_16_bytes(const HalideBuffer &b);
+// An inner-contiguous buffer of 16-bit elements (wrap()) as words of
+// `word` (uint32 or uint64): the first element in the low bits.
+HalideBuffer as_words(const HalideBuffer &b, halide_type_t word);
 
 // Per-row f32 scales ([rows] or [rows, 1]) as (x, row) with x stride 0 and
 // extent `per_row` (the elements or words of the row), the second view of a

@@ -74,14 +74,24 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
         return;
     }
     case Kernel::COMPRESS_TO_CACHE:
-    case Kernel::COMPRESS_TO_ROWS: {
-        const bool to_cache = v.kind == Kernel::COMPRESS_TO_CACHE;
+    case Kernel::COMPRESS_TO_ROWS:
+    case Kernel::COMPRESS_TO_CACHE_WORDS:
+    case Kernel::COMPRESS_TO_ROWS_WORDS: {
+        const bool to_cache = v.kind == Kernel::COMPRESS_TO_CACHE || v.kind == Kernel::COMPRESS_TO_CACHE_WORDS;
+        const bool words = v.kind == Kernel::COMPRESS_TO_CACHE_WORDS || v.kind == Kernel::COMPRESS_TO_ROWS_WORDS;
         const kpool_dtype score_dtype = v.type == ElementType::f32 ? KPOOL_DTYPE_FLOAT32 : KPOOL_DTYPE_BFLOAT16;
         const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
-                           k = tensor(KPOOL_DTYPE_BFLOAT16, {1, P, D}), s = tensor(score_dtype, {1, P, D}),
+                           s = tensor(score_dtype, {1, P, D}),
                            ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}), loc = tensor(KPOOL_DTYPE_INT64, {1}),
                            codes = tensor(KPOOL_DTYPE_UINT8, {1, D}), scale = tensor(KPOOL_DTYPE_FLOAT32, {1});
-        compress_and_write_cache(&cache, &k, &s, &ape, &loc, nullptr, to_cache ? nullptr : &codes,
+        // Scratch tensors are 16-byte aligned (the words kernels); keys one
+        // element in, with odd rows, are not (the element kernels).
+        kpool_tensor keys = tensor(KPOOL_DTYPE_BFLOAT16, {1, P, words ? D : D + 1});
+        if (!words) {
+            keys.shape[2] = D;
+            keys.data = static_cast<uint16_t *>(keys.data) + 1;
+        }
+        compress_and_write_cache(&cache, &keys, &s, &ape, &loc, nullptr, to_cache ? nullptr : &codes,
                                  to_cache ? nullptr : &scale, P, D, 1, to_cache, &exec);
         return;
     }

@@ -11,6 +11,7 @@
 
 #include "knobs.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -262,6 +263,37 @@ void compute_pool_in_warp(CompressPool &c, const RowLayout &layout, const Var &d
     }
 }
 
+// The words kernels' loads: each lane's items of every slot (bf16 pairs as
+// 32-bit words, or f32) in its own registers, 4 items of 32 bits per load
+// (Halide's PTX backend emits a dense, 16-byte-aligned ramp of 4 as one
+// 128-bit load; 2 as one 64-bit load), with the slots unrolled: every
+// slot's keys, scores and ape are read once, all in flight together. The
+// logits are then one add each, unrolled. (A 2-lane 32-bit vector load came
+// out as two 4-byte loads: a lane's 4 bf16 are one uint64 item instead.)
+// sm_90 SASS per thread (ptxas --maxrregcount 128), bf16 scores, 4 values
+// per lane, the element kernel's aligned -> words kernels, round_scale and
+// not: P=4 920 / 952 -> 880 / 832 instructions, loads 2 B x 32 + 16 B x 4
+// -> 8 B x 9 + 16 B x 4 (the hand kernel's), 64 -> 48 registers; P=16
+// 1808 / 1840 -> 1648 / 1600, 2 B x 128 + 16 B x 16 -> 8 B x 33 + 16 B x
+// 16, 128 -> 106 registers; no spills.
+void load_lane_items(CompressPool &c, CompressLaneLoads &l, const Var &lane) {
+    constexpr int kLoadItems = 4;  // 16 bytes of 32-bit items
+    Func pooled = c.pooled_bf16;
+    for (auto [f, items] : {std::pair{l.key, l.key_items}, {l.score, l.score_items}, {l.ape, l.ape_items}}) {
+        f.compute_at(pooled, lane).store_in(MemoryType::Register);
+        if (items > 1) {
+            f.vectorize(l.item, std::min(kLoadItems, items));
+        }
+        for (const Var &arg : f.args()) {
+            if (arg.name() != l.item.name() && arg.name() != lane.name()) {
+                f.unroll(arg);
+            }
+        }
+    }
+    SoftmaxPool &p = c.pool;
+    p.logit.compute_at(pooled, lane).store_in(MemoryType::Register).unroll(p.logit.args()[0]).unroll(p.logit.args()[1]);
+}
+
 // Compress as three kernels: aligned rows with and without round_scale
 // (wide loads; under round_scale the quotient multiplies by the scale's
 // exact reciprocal, no division and no select), and any rows (element loads,
@@ -286,6 +318,12 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
         .gpu_threads(pi)
         .gpu_lanes(lane)
         .unroll(v);
+    if (s.lane_loads.key.defined()) {
+        compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, pi), true);
+        load_lane_items(s.compress, s.lane_loads, s.lane);
+        s.cache.update(0).specialize(s.conditions.round_scale);
+        return;
+    }
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, pi),
                          s.compress.pool.arithmetic == Arithmetic::Triton, &s.conditions);
     specialize_compress(s.cache.update(0), s.conditions);
@@ -294,6 +332,12 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) {
     Var pi{"pool_in_block"};
     rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan_for(build).compress_row_threads, pi);
+    if (s.lane_loads.key.defined()) {
+        compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi), true);
+        load_lane_items(s.compress, s.lane_loads, s.lane);
+        s.out.specialize(s.conditions.round_scale);
+        return;
+    }
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi),
                          s.compress.pool.arithmetic == Arithmetic::Triton, &s.conditions);
     specialize_compress(s.out, s.conditions);

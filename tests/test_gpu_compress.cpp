@@ -110,6 +110,52 @@ TEST_P(GpuCompressUnalignedRows, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuCompressUnalignedRows, ValuesIn(kGpuPoolSizes),
                          [](const auto &info) { return "P" + std::to_string(info.param); });
 
+// The words kernels (the reference's arithmetic on CUDA, rows of 16-byte-
+// aligned data and strides: contiguous tensors) against the kernel for any
+// rows (the same values 130 elements apart, ape 129) in the same
+// arithmetic: the same bytes in the cache and the returned rows, bf16 and
+// f32 scores, with and without round_scale.
+class GpuCompressWords : public GpuParamTest<int> {};
+
+TEST_P(GpuCompressWords, MatchesTheKernelForAnyRows) {
+    const int P = GetParam();
+    const int64_t n = 1000, block_size = 64, num_blocks = n / block_size + 2;
+    const kpool_exec triton{nullptr, KPOOL_ARITHMETIC_TRITON};
+    for (const kpool_dtype score : {KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32}) {
+        std::mt19937 rng(4200 + P);
+        const CompressInputs in = make_compress_inputs(rng, n, P, score, num_blocks * block_size);
+        const HostTensor cache_before = random_bytes_like(rng, make_kv_cache(num_blocks, block_size, false));
+        for (const bool round_scale : {false, true}) {
+            SCOPED_TRACE(std::string(score == KPOOL_DTYPE_FLOAT32 ? "f32" : "bf16") + " scores, round_scale " +
+                         std::to_string(round_scale));
+            std::vector<uint8_t> cache_bytes[2], codes[2], scales[2];
+            for (const int any_rows : {0, 1}) {
+                Mirrored cache(gpu(), cache_before),
+                    slot_k(gpu(), any_rows ? with_row_stride(in.slot_k, kD + 2) : in.slot_k),
+                    slot_score(gpu(), any_rows ? with_row_stride(in.slot_score, kD + 2) : in.slot_score),
+                    ape(gpu(), any_rows ? with_row_stride(in.ape, kD + 1) : in.ape), loc(gpu(), in.loc),
+                    ck(gpu(), HostTensor(KPOOL_DTYPE_UINT8, {n, kD})), cs(gpu(), HostTensor(KPOOL_DTYPE_FLOAT32, {n}));
+                kpool_status st{};
+                ASSERT_EQ(kpool_compress_and_write_cache(cache.on(Side::Gpu), slot_k.on(Side::Gpu),
+                                                         slot_score.on(Side::Gpu), ape.on(Side::Gpu),
+                                                         loc.on(Side::Gpu), nullptr, ck.on(Side::Gpu),
+                                                         cs.on(Side::Gpu), P, kD, round_scale, 1, &triton, &st),
+                          KPOOL_OK)
+                    << st.message;
+                cache.download(), ck.download(), cs.download();
+                cache_bytes[any_rows] = cache.gpu_host(), codes[any_rows] = ck.gpu_host();
+                scales[any_rows] = cs.gpu_host();
+            }
+            EXPECT_TRUE(same_bytes("kv_cache (words vs any rows)", cache_bytes[1], cache_bytes[0]));
+            EXPECT_TRUE(same_bytes("compressed_k (words vs any rows)", codes[1], codes[0]));
+            EXPECT_TRUE(same_bytes("compressed_scale (words vs any rows)", scales[1], scales[0]));
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuCompressWords, ValuesIn(kGpuPoolSizes),
+                         [](const auto &info) { return "P" + std::to_string(info.param); });
+
 // KPOOL_ARITHMETIC_TRITON: the reference's own instructions, checked bit
 // for bit against the reference itself by the Python side-by-side test
 // (python/tests/test_gpu_side_by_side.py). Here, against the exact CPU

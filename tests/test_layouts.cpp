@@ -1,4 +1,5 @@
-// The GPU families' fwht row layouts (RowLayout: lanes x values in runs) and
+// The GPU families' fwht row layouts (RowLayout: lanes x values in runs),
+// compress's words layout, and
 // the words form of the kernel (4-byte words of bf16 pairs in, 8-byte words
 // of codes out), built for the CPU from the same generators (CMakeLists.txt,
 // kpool_cpu_fwht*_as_<family>): the algorithm each GPU kernel runs, here
@@ -13,6 +14,8 @@
 #include "HalideBuffer.h"
 #include "kpool_cpu_fwht_autoscheduled.h"
 #include "kpool_layout_kernels.inc"  // KPOOL_FOR_EACH_LAYOUT_FAMILY(X): X(family, element kernel, words kernel)
+#include "kpool_cpu_compress_words_as_sm90_p16_f32.h"
+#include "kpool_cpu_compress_words_as_sm90_p4_bf16.h"
 #include "test_util.h"
 
 namespace {
@@ -102,6 +105,75 @@ void expect_same(const Quantized &expected, const Quantized &got) {
     }
 KPOOL_FOR_EACH_LAYOUT_FAMILY(KPOOL_LAYOUT_TEST)
 #undef KPOOL_LAYOUT_TEST
+
+// Compress's words layout of sm_90 (bf16 keys and scores as 64-bit words
+// of 4, each lane's keys, scores and ape of a slot read by the lane itself):
+// the same bytes as the CPU kernel, with and without round_scale.
+using CompressRowsKernel = int (*)(halide_buffer_t *, halide_buffer_t *, halide_buffer_t *, bool, bool,
+                                   halide_buffer_t *, halide_buffer_t *);
+
+template <typename Score>
+void expect_compress_words_match(CompressRowsKernel kernel, int pool_size) {
+    constexpr int kPoolsHere = 37;
+    std::mt19937 rng(pool_size);
+    const size_t n = size_t(kPoolsHere) * pool_size * kD;
+    std::vector<uint16_t> keys(n);
+    std::vector<Score> scores(n);
+    std::vector<float> ape(size_t(pool_size) * kD);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (size_t i = 0; i < n; i++) {
+        keys[i] = random_bf16(rng, i < size_t(pool_size) * kD ? 1e-30f : 2.0f);
+        if constexpr (sizeof(Score) == 2) {
+            scores[i] = random_bf16(rng, 3.0f);
+        } else {
+            scores[i] = 3.0f * normal(rng);
+        }
+    }
+    for (float &a : ape) {
+        a = normal(rng);
+    }
+    const kpool_dtype score_dtype = sizeof(Score) == 2 ? KPOOL_DTYPE_BFLOAT16 : KPOOL_DTYPE_FLOAT32;
+    for (bool round_scale : {false, true}) {
+        SCOPED_TRACE(round_scale ? "round_scale" : "no round_scale");
+        std::vector<uint8_t> want_codes(size_t(kPoolsHere) * kD), got_codes(want_codes.size());
+        std::vector<float> want_scales(kPoolsHere), got_scales(kPoolsHere);
+        const int64_t rows_shape[3] = {kPoolsHere, pool_size, kD}, ape_shape[2] = {pool_size, kD},
+                      codes_shape[2] = {kPoolsHere, kD}, loc_shape[1] = {kPoolsHere};
+        std::vector<int64_t> loc(kPoolsHere, 0);
+        kpool_tensor k = kpool_tensor_contiguous(keys.data(), KPOOL_DTYPE_BFLOAT16, 3, rows_shape),
+                     s = kpool_tensor_contiguous(scores.data(), score_dtype, 3, rows_shape),
+                     a = kpool_tensor_contiguous(ape.data(), KPOOL_DTYPE_FLOAT32, 2, ape_shape),
+                     l = kpool_tensor_contiguous(loc.data(), KPOOL_DTYPE_INT64, 1, loc_shape),
+                     c = kpool_tensor_contiguous(want_codes.data(), KPOOL_DTYPE_UINT8, 2, codes_shape),
+                     sc = kpool_tensor_contiguous(want_scales.data(), KPOOL_DTYPE_FLOAT32, 1, loc_shape);
+        kpool_status st{};
+        ASSERT_EQ(kpool_compress_and_write_cache(nullptr, &k, &s, &a, &l, nullptr, &c, &sc, pool_size, kD,
+                                                 round_scale, 0, nullptr, &st),
+                  KPOOL_OK)
+            << st.message;
+        Buffer<uint64_t> key_words(reinterpret_cast<uint64_t *>(keys.data()), kD / 4, pool_size, kPoolsHere);
+        Buffer<float> ape_b(ape.data(), kD, pool_size);
+        Buffer<uint8_t> codes(got_codes.data(), kD, kPoolsHere);
+        halide_dimension_t scale_dims[2] = {{0, kD, 0}, {0, kPoolsHere, 1}};
+        Buffer<float> scales(got_scales.data(), 2, scale_dims);
+        int rc = 0;
+        if constexpr (sizeof(Score) == 2) {
+            Buffer<uint64_t> score_words(reinterpret_cast<uint64_t *>(scores.data()), kD / 4, pool_size, kPoolsHere);
+            rc = kernel(key_words, score_words, ape_b, round_scale, true, codes, scales);
+        } else {
+            Buffer<float> score_b(scores.data(), kD, pool_size, kPoolsHere);
+            rc = kernel(key_words, score_b, ape_b, round_scale, true, codes, scales);
+        }
+        ASSERT_EQ(rc, 0);
+        EXPECT_EQ(want_codes, got_codes);
+        EXPECT_EQ(0, std::memcmp(want_scales.data(), got_scales.data(), sizeof(float) * kPoolsHere));
+    }
+}
+
+TEST(GpuLayoutsOnCpu, Sm90CompressWordsMatchTheCpuKernel) {
+    expect_compress_words_match<uint16_t>(kpool_cpu_compress_words_as_sm90_p4_bf16, 4);
+    expect_compress_words_match<float>(kpool_cpu_compress_words_as_sm90_p16_f32, 16);
+}
 
 // The generator under Halide's Mullapudi2016 autoscheduler (its schedule()
 // steps aside, the estimates guide it): a twin as the autotuning tool

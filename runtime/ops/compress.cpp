@@ -114,6 +114,19 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
         kpool_tensor k_rows, s_rows, loc_rows, mask_rows, codes_rows, scale_rows;
         HalideBuffer key = wrap(pools(slot_k, k_rows)), score = wrap(pools(slot_score, s_rows));
         where.attach(key), where.attach(score);
+        // Rows whose data and strides are all 16-byte aligned take the words
+        // kernels where the build has them (CUDA, the reference arithmetic):
+        // bf16 as 64-bit words of 4, so each lane's 4 keys (and bf16 scores) of
+        // a slot are one load. The words kernels check the strides too.
+        const bool words_fit = !where.on_host() && rows_of_16_bytes(key) && rows_of_16_bytes(score) &&
+                               rows_of_16_bytes(ape_b);
+        auto words_kernel = [&](Kernel kind) { return words_fit && where.has_kernel(kind, pool_size, score_type); };
+        HalideBuffer key_words, score_words;
+        if (words_kernel(Kernel::COMPRESS_TO_CACHE_WORDS) || words_kernel(Kernel::COMPRESS_TO_ROWS_WORDS)) {
+            key_words = where.attach(as_words(key, halide_type_of<uint64_t>()));
+            score_words = score_type == ElementType::bf16 ? where.attach(as_words(score, halide_type_of<uint64_t>()))
+                                                          : score;
+        }
         // A cache without slots takes no write (every loc is a sentinel; on a
         // device the kernel would skip them): no kernel on empty views.
         if (write_cache && kv_cache.numel() > 0) {
@@ -123,17 +136,33 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
                 where.attach(flags);
             }
             CacheViews cache = wrap_kv_cache(kv_cache);
-            where.launch<Kernel::COMPRESS_TO_CACHE>(
-                op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(), ape_b.raw_buffer(), round_scale != 0, aligned_data,
-                where.attach(locs).raw_buffer(), flags.raw_buffer(), where.attach(cache.codes).raw_buffer(),
-                where.attach(cache.scales).raw_buffer());
+            where.attach(locs), where.attach(cache.codes), where.attach(cache.scales);
+            if (words_kernel(Kernel::COMPRESS_TO_CACHE_WORDS)) {
+                where.launch<Kernel::COMPRESS_TO_CACHE_WORDS>(
+                    op, pool_size, score_type, key_words.raw_buffer(), score_words.raw_buffer(), ape_b.raw_buffer(),
+                    round_scale != 0, aligned_data, locs.raw_buffer(), flags.raw_buffer(), cache.codes.raw_buffer(),
+                    cache.scales.raw_buffer());
+            } else {
+                where.launch<Kernel::COMPRESS_TO_CACHE>(op, pool_size, score_type, key.raw_buffer(),
+                                                        score.raw_buffer(), ape_b.raw_buffer(), round_scale != 0,
+                                                        aligned_data, locs.raw_buffer(), flags.raw_buffer(),
+                                                        cache.codes.raw_buffer(), cache.scales.raw_buffer());
+            }
         }
         if (return_compressed) {
             HalideBuffer codes = wrap(pools(compressed_k, codes_rows)),
                          scales = wrap_row_scales(pools(compressed_scale, scale_rows));
-            where.launch<Kernel::COMPRESS_TO_ROWS>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
-                                                   ape_b.raw_buffer(), round_scale != 0, aligned_data,
-                                                   where.attach(codes).raw_buffer(), where.attach(scales).raw_buffer());
+            where.attach(codes), where.attach(scales);
+            if (words_kernel(Kernel::COMPRESS_TO_ROWS_WORDS)) {
+                where.launch<Kernel::COMPRESS_TO_ROWS_WORDS>(op, pool_size, score_type, key_words.raw_buffer(),
+                                                             score_words.raw_buffer(), ape_b.raw_buffer(),
+                                                             round_scale != 0, aligned_data, codes.raw_buffer(),
+                                                             scales.raw_buffer());
+            } else {
+                where.launch<Kernel::COMPRESS_TO_ROWS>(op, pool_size, score_type, key.raw_buffer(), score.raw_buffer(),
+                                                       ape_b.raw_buffer(), round_scale != 0, aligned_data,
+                                                       codes.raw_buffer(), scales.raw_buffer());
+            }
         }
     }
 }
