@@ -27,8 +27,8 @@ enum class FwhtRow {
     kPlusInf,          // one +inf: every output +-inf, scale inf, inf / inf = NaN
     kMinusInf,         // one -inf
     kBothInfs,         // +inf and -inf: inf - inf = NaN in half the outputs
-    kRotationOverflow, // every element near the bf16 maximum: the butterflies
-                       // overflow, some outputs inf, some NaN, some 0
+    kRotationOverflow, // elements of +-2^124: the later butterflies overflow,
+                       // some outputs inf, some NaN, most finite
     kHalfHuge,         // half the elements huge: overflow in the later stages
     kAllNaN,           // NaN only: absmax 1e-4
     kFinite,           // a normal row between them
@@ -49,7 +49,7 @@ inline HostTensor make_nonfinite_q(std::mt19937 &rng, int64_t rows) {
             case FwhtRow::kMinusInf: put(77, -kInf); break;
             case FwhtRow::kBothInfs: put(3, kInf), put(64 + 3, -kInf); break;
             case FwhtRow::kRotationOverflow:
-                for (int d = 0; d < kD; ++d) put(d, (d % 3 ? 1.0f : -1.0f) * kBf16Max);
+                for (int d = 0; d < kD; ++d) put(d, (d % 3 ? 1.0f : -1.0f) * 0x1p124f);
                 break;
             case FwhtRow::kHalfHuge:
                 for (int d = 0; d < kD; d += 2) put(d, 3e37f);

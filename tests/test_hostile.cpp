@@ -199,6 +199,37 @@ TEST(Hostile, HugeBroadcastDimsAreRejectedWithoutOverflow) {
     EXPECT_THAT(std::string(st.message), HasSubstr("pool_ids"));
 }
 
+// Strides near INT64_MAX on the caches: the layout checks once summed them
+// (tail strides[1] + RING * 128, block_size * 132) before checking them
+// against int32 (UBSan: signed overflow; issue 26's decode input made the
+// fuzz harness do the same sum).
+TEST(Hostile, HugeCacheStridesAreRejectedWithoutOverflow) {
+    const int P = 4;
+    std::mt19937 rng(9);
+    HostTensor tail = make_tail_cache(2, P, false), key(KPOOL_DTYPE_BFLOAT16, {1, kD}),
+               gate(KPOOL_DTYPE_BFLOAT16, {1, kD}), tslot(KPOOL_DTYPE_INT32, {1});
+    tslot.set<int32_t>({0}, 0);
+    tail.fill_random_bytes(rng);
+    const HostTensor tail0 = tail;
+    kpool_tensor t = tail.desc(), k = key.desc(), g = gate.desc(), s = tslot.desc();
+    t.strides[1] = std::numeric_limits<int64_t>::max();
+    kpool_status st{};
+    EXPECT_EQ(kpool_seed_tail_cache(&t, &k, &g, &s, P, kD, &kExec, &st), KPOOL_ERROR_INVALID_ARGUMENT);
+    EXPECT_THAT(std::string(st.message), HasSubstr("tail_kv_cache"));
+    EXPECT_BYTES_EQ(tail0, tail);
+    // A kv_cache whose block_size * 132 overflows int64 (dim 1 broadcast).
+    HostTensor cache = make_kv_cache(2, 16, false);
+    const CompressInputs in = make_compress_inputs(rng, 1, P, KPOOL_DTYPE_BFLOAT16, 32);
+    kpool_tensor c = cache.desc();
+    c.shape[1] = std::numeric_limits<int64_t>::max() / 64;
+    c.strides[1] = kRowBytes;
+    const kpool_tensor sk = in.slot_k.desc(), ss = in.slot_score.desc(), a = in.ape.desc(), l = in.loc.desc();
+    st = kpool_status{};
+    EXPECT_EQ(kpool_compress_and_write_cache(&c, &sk, &ss, &a, &l, nullptr, nullptr, nullptr, P, kD, 1, 1, &kExec, &st),
+              KPOOL_ERROR_INVALID_ARGUMENT);
+    EXPECT_THAT(std::string(st.message), HasSubstr("kv_cache"));
+}
+
 TEST(Hostile, NegativeDimAfterAnEmptyDimIsRejected) {
     HostTensor topk(KPOOL_DTYPE_INT32, {1, 1}), lens(KPOOL_DTYPE_INT32, {1}), out(KPOOL_DTYPE_INT32, {1, 3});
     kpool_tensor t = topk.desc(), l = lens.desc(), o = out.desc();

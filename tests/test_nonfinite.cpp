@@ -126,7 +126,7 @@ TEST_P(NonFiniteFwht, MatchesReference) {
                 EXPECT_EQ(all_fe, kD);
                 break;
             case FwhtRow::kRotationOverflow:
-            case FwhtRow::kHalfHuge:  // some outputs overflow, some cancel to finite values: those encode as 0
+            case FwhtRow::kHalfHuge:  // some outputs overflow, the finite ones encode as +-0 (x / inf)
                 EXPECT_EQ(scale, kInf);
                 EXPECT_GT(all_fe, 0);
                 EXPECT_GT(zeros, 0);

@@ -5,6 +5,10 @@
 #
 #   tests/fuzz/campaign.sh BUILD_DIR OUT_DIR [SEEDS=10] [RUNS=100000] [SECONDS_PER_SEED=0: no limit]
 #
+# KPOOL_FUZZ_TARGETS picks targets, KPOOL_FUZZ_FIRST_SEED the first seed
+# (seeds FIRST..FIRST+SEEDS-1, to go on with a campaign). A seed's time
+# includes loading the corpus (a minute for compress on a busy machine).
+#
 # Writes OUT_DIR/<target>/seed<N>.log and a table, OUT_DIR/summary.tsv:
 # target, seed, executions, cov/ft at the start (after the corpus) and at
 # the end, new corpus entries, the finding (crash-/timeout-/leak- artifact)
@@ -21,7 +25,8 @@ for target in $targets; do
     fuzzer="$build/tests/fuzz/kpool_fuzz_$target"
     dir="$out/$target"
     mkdir -p "$dir/new" "$dir/artifacts"
-    for seed in $(seq 1 "$seeds"); do
+    first=${KPOOL_FUZZ_FIRST_SEED:-1}
+    for seed in $(seq "$first" $((first + seeds - 1))); do
         scratch=$(mktemp -d)
         log="$dir/seed$seed.log"
         start=$(date +%s)
