@@ -49,14 +49,16 @@ void align_rows(Param &&param, std::initializer_list<int> dims, int word) {
     param.set_host_alignment(word * param.type().bytes());
 }
 
-// A schedule may round a token loop up past next_n (guarded: those tokens
-// never write); every per-token input is read through this clamp of its
-// token (the second-to-last dimension), so bounds stay inside.
-Func clamp_token(Func f, Expr next_n) {
+// A schedule may round a token loop or a request loop up past next_n or
+// the requests (guarded: those never write, but Halide's bounds of the
+// reads follow the rounded loop); every per-token input (..., token,
+// request) is read through this clamp of both, so bounds stay inside.
+Func clamp_token_and_request(Func f, Expr next_n, Expr requests) {
     Func g{f.name() + "_clamped"};
     std::vector<Var> args = f.args();
     std::vector<Expr> at(args.begin(), args.end());
     at[at.size() - 2] = min(args[args.size() - 2], next_n - 1);
+    at[at.size() - 1] = min(args[args.size() - 1], requests - 1);
     g(args) = f(at);
     return g;
 }
@@ -98,8 +100,9 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     s.pow2_ring_and_page = pow2_ring_and_page(in.tail.dim(1).extent(), Func(cache).output_buffers()[0].dim(1).extent());
     Divisor ring_math(ring, s.pow2_ring_and_page);
     Expr next_n = in.key.dim(1).extent();
+    Expr requests = in.key.dim(2).extent();
     Var t = s.token, b = s.request;
-    auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
+    auto in_batch = [&](Func f) { return clamp_token_and_request(f, next_n, requests); };
     Func positions_in = in_batch(in.positions), tail_slots_in = in_batch(in.tail_slot_mapping),
          slots_in = in_batch(in.slot_mapping), key_in = in_batch(in.key), score_in = in_batch(in.slot_score);
 
@@ -145,7 +148,7 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     // runtime reports it.
     Var d{"d"}, token{"token"}, page{"page"};
     cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
-    s.write = RDom(0, kHeadDim, 0, next_n, 0, in.key.dim(2).extent(), "write");
+    s.write = RDom(0, kHeadDim, 0, next_n, 0, requests, "write");
     Expr wt = s.write.y, wb = s.write.z;
     DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb, ring_math);
     Expr completes = w.stashes && w.position % P == P - 1 && w.block < in.tail.dim(3).extent();
@@ -196,7 +199,7 @@ void define_stashes(DecodeStashStages &s, Func tail, Func tail_slot_mapping, Fun
     RDom &r = s.stash;
     r = RDom(0, kHeadDim, 0, next_n, 0, requests, 0, 2, "write");
     Expr t = r.y, b = r.z, h = r[3];
-    auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
+    auto in_batch = [&](Func f) { return clamp_token_and_request(f, next_n, requests); };
     Func positions_in = in_batch(positions), tail_slots_in = in_batch(tail_slot_mapping);
     define_overwritten(s.overwritten, positions_in, tail_slots_in, next_n, ring_math);
     DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
