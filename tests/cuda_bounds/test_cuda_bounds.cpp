@@ -16,6 +16,8 @@
 
 #include "HalideRuntime.h"
 
+#include "kpool_sm90_compress_to_rows_p16_bf16.h"
+#include "kpool_sm90_compress_to_rows_p4_bf16.h"
 #include "kpool_sm90_decode_update_by_request_p16.h"
 #include "kpool_sm90_decode_update_by_request_p16_triton.h"
 #include "kpool_sm90_decode_update_by_request_p4.h"
@@ -24,6 +26,8 @@
 #include "kpool_sm90_decode_update_p16_triton.h"
 #include "kpool_sm90_decode_update_p4.h"
 #include "kpool_sm90_decode_update_p4_triton.h"
+#include "kpool_sm90_fwht128_quant_fp8.h"
+#include "kpool_sm90_fwht128_quant_fp8_words.h"
 
 namespace kpool_test {
 namespace {
@@ -108,6 +112,53 @@ TEST(CudaBounds, DecodeUpdateReadsInsideItsInputsForAnyBatch) {
                 }
             }
         }
+    }
+}
+
+// Pools and rows around and between the blocks of the schedules.
+const int32_t kCounts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 31, 33, 63, 65, 127, 129, 1000};
+
+TEST(CudaBounds, CompressReadsInsideItsInputsForAnyPoolCount) {
+    constexpr int32_t kHeadDim = 128;
+    using CompressToRows = int (*)(void const *, halide_buffer_t *, halide_buffer_t *, halide_buffer_t *, bool,
+                                   halide_buffer_t *, halide_buffer_t *);
+    const struct {
+        const char *name;
+        int pool_size;
+        CompressToRows run;
+    } kernels[] = {{"sm90 compress_to_rows P=4", 4, kpool_sm90_compress_to_rows_p4_bf16},
+                   {"sm90 compress_to_rows P=16", 16, kpool_sm90_compress_to_rows_p16_bf16}};
+    for (const auto &k : kernels) {
+        for (int32_t pools : kCounts) {
+            const std::string call = std::string(k.name) + ", " + std::to_string(pools) + " pools";
+            QueryBuffer slot_k("slot_k", halide_type_of<uint16_t>(), {kHeadDim, k.pool_size, pools});
+            QueryBuffer score("slot_score", halide_type_of<uint16_t>(), {kHeadDim, k.pool_size, pools});
+            QueryBuffer ape("ape", halide_type_of<float>(), {kHeadDim, k.pool_size});
+            QueryBuffer codes("codes", halide_type_of<uint8_t>(), {kHeadDim, pools});
+            QueryBuffer scales("scales", halide_type_of<float>(), {kHeadDim, pools});
+            ASSERT_EQ(k.run(nullptr, &slot_k.raw, &score.raw, &ape.raw, true, &codes.raw, &scales.raw), 0) << call;
+            for (const QueryBuffer *in : {&slot_k, &score, &ape}) {
+                in->expect_inside(call);
+            }
+        }
+    }
+}
+
+TEST(CudaBounds, FwhtReadsInsideItsInputForAnyRowCount) {
+    for (int32_t rows : kCounts) {
+        const std::string call = "sm90 fwht128_quant_fp8, " + std::to_string(rows) + " rows";
+        QueryBuffer q("q", halide_type_of<uint16_t>(), {128, rows});
+        QueryBuffer codes("codes", halide_type_of<uint8_t>(), {128, rows});
+        QueryBuffer scales("scales", halide_type_of<float>(), {128, rows});
+        ASSERT_EQ(kpool_sm90_fwht128_quant_fp8(nullptr, &q.raw, &codes.raw, &scales.raw), 0) << call;
+        q.expect_inside(call);
+
+        QueryBuffer words("q words", halide_type_of<uint64_t>(), {32, rows});
+        QueryBuffer code_words("code words", halide_type_of<uint32_t>(), {32, rows});
+        QueryBuffer word_scales("scales", halide_type_of<float>(), {128, rows});
+        ASSERT_EQ(kpool_sm90_fwht128_quant_fp8_words(nullptr, &words.raw, &code_words.raw, &word_scales.raw), 0)
+            << call << " (words)";
+        words.expect_inside(call + " (words)");
     }
 }
 
