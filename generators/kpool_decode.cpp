@@ -59,14 +59,21 @@ void align_rows(Param &&param, std::initializer_list<int> dims, int word) {
     param.set_host_alignment(word * param.type().bytes());
 }
 
-// A schedule may round a token loop up past next_n (guarded: those tokens
-// never write); every per-token input is read through this clamp of its
-// token (the second-to-last dimension), so bounds stay inside.
-Func clamp_token(Func f, Expr next_n) {
+// A schedule may round a token loop up past next_n, or a request loop past
+// the requests (guarded: those never write, but Halide's bounds of the
+// reads follow the rounded loop); every per-token input (..., token,
+// request) is read through this clamp of its token and, where `requests`
+// is defined (a layout that puts several requests in a block), its request,
+// so bounds stay inside. A layout whose request loop is the grid itself
+// passes none: the clamp would cost its kernel registers for nothing.
+Func clamp_token_and_request(Func f, Expr next_n, Expr requests) {
     Func g{f.name() + "_clamped"};
     std::vector<Var> args = f.args();
     std::vector<Expr> at(args.begin(), args.end());
     at[at.size() - 2] = min(args[args.size() - 2], next_n - 1);
+    if (requests.defined()) {
+        at[at.size() - 1] = min(args[args.size() - 1], requests - 1);
+    }
     g(args) = f(at);
     return g;
 }
@@ -99,8 +106,10 @@ struct DecodeWriteArguments {
 
 // Every completing token's pool, compressed and written into `cache` (the K
 // cache in place, as (codes, scales) views) over s.write: (d, token, request).
+// requests_in_blocks: the schedule may put several requests in a block
+// (clamp_token_and_request).
 void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, GeneratorOutput<Func> &cache, int P,
-                        const BuildPlan &plan, Arithmetic arithmetic) {
+                        const BuildPlan &plan, Arithmetic arithmetic, bool requests_in_blocks = true) {
     Expr ring = in.tail.dim(1).extent();
     // Ring and cache page both powers of two (the engines' case): every
     // division of the kernel by shifts, in the kernel a schedule specializes
@@ -108,8 +117,9 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     s.pow2_ring_and_page = pow2_ring_and_page(in.tail.dim(1).extent(), Func(cache).output_buffers()[0].dim(1).extent());
     Divisor ring_math(ring, s.pow2_ring_and_page);
     Expr next_n = in.key.dim(1).extent();
+    Expr requests = in.key.dim(2).extent();
     Var t = s.token, b = s.request;
-    auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
+    auto in_batch = [&](Func f) { return clamp_token_and_request(f, next_n, requests_in_blocks ? requests : Expr()); };
     Func positions_in = in_batch(index_values(in.positions)),
          tail_slots_in = in_batch(index_values(in.tail_slot_mapping)),
          slots_in = in_batch(index_values(in.slot_mapping)), key_in = in_batch(in.key), score_in = in_batch(in.slot_score);
@@ -158,7 +168,7 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     // runtime reports it.
     Var d{"d"}, token{"token"}, page{"page"};
     cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
-    s.write = RDom(0, kHeadDim, 0, next_n, 0, in.key.dim(2).extent(), "write");
+    s.write = RDom(0, kHeadDim, 0, next_n, 0, requests, "write");
     Expr wt = s.write.y, wb = s.write.z;
     DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb, ring_math);
     Expr completes = w.stashes && w.position % P == P - 1 && w.block < in.tail.dim(3).extent();
@@ -200,7 +210,7 @@ void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr 
 // The ring divides by shifts where `shifts` (which implies a power-of-two
 // ring: the condition the kernel is specialized on).
 void define_stashes(DecodeStashStages &s, Func tail, Func tail_slot_mapping, Func key, Func slot_score,
-                    Func positions, Expr next_n, Expr requests, Expr shifts) {
+                    Func positions, Expr next_n, Expr requests, Expr shifts, bool requests_in_blocks = true) {
     Expr ring = tail.output_buffer().dim(1).extent();
     Divisor ring_math(ring, shifts);
     s.ring_is_pow2 = shifts;
@@ -209,7 +219,7 @@ void define_stashes(DecodeStashStages &s, Func tail, Func tail_slot_mapping, Fun
     RDom &r = s.stash;
     r = RDom(0, kHeadDim, 0, next_n, 0, requests, 0, 2, "write");
     Expr t = r.y, b = r.z, h = r[3];
-    auto in_batch = [&](Func f) { return clamp_token(f, next_n); };
+    auto in_batch = [&](Func f) { return clamp_token_and_request(f, next_n, requests_in_blocks ? requests : Expr()); };
     Func positions_in = in_batch(positions), tail_slots_in = in_batch(tail_slot_mapping);
     define_overwritten(s.overwritten, positions_in, tail_slots_in, next_n, ring_math);
     DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
@@ -269,10 +279,13 @@ public:
     Output<Buffer<uint16_t, 4>> tail_out{"tail_out"};  // (d, ring_pos, half, block), in place
 
     void generate() {
-        define_completions(stages.write, in, cache, pool_size, build_plan(), arithmetic);
+        // A warp per token runs a block per request (schedules/cuda.cpp): its
+        // request loop is the grid, never rounded up.
+        const bool requests_in_blocks = layout != DecodeLayout::WarpPerToken;
+        define_completions(stages.write, in, cache, pool_size, build_plan(), arithmetic, requests_in_blocks);
         define_stashes(stages.stashes, tail_out, index_values(in.tail_slot_mapping), in.key, in.slot_score,
                        index_values(in.positions), in.key.dim(1).extent(), in.key.dim(2).extent(),
-                       stages.write.pow2_ring_and_page);
+                       stages.write.pow2_ring_and_page, requests_in_blocks);
         if (aligned_rows) {
             // Rows of 4 bf16 words: (d, token, request) and (d, ring_pos, half, block).
             align_rows(in.key, {1, 2}, kBf16Word);

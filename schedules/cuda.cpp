@@ -455,8 +455,8 @@ void schedule_decode_write(DecodeWriteStages &, const BuildPlan &) {
 // JIT cap; cuobjdump -sass): registers, spilled bytes and SASS instructions
 // of the power-of-two / general kernel; global memory instructions by bytes.
 //   warp per request (aligned rows)   regs     spill  SASS       loads               stores
-//   P=4  exact                        128/128  0/0    2848/2688  16Bx1 8Bx16 4Bx51   8Bx2 4Bx2
-//   P=4  triton                        99/86   0/0    1536/1360  16Bx1 8Bx16 4Bx51   8Bx2 4Bx2
+//   P=4  exact                        128/128  0/0    2848/2696  16Bx1 8Bx16 4Bx51   8Bx2 4Bx2
+//   P=4  triton                        99/90   0/0    1536/1360  16Bx1 8Bx16 4Bx51   8Bx2 4Bx2
 //   P=16 exact                        122/128  0/0    1768/1840  16Bx1 8Bx12 4Bx33   8Bx2 4Bx2
 //   P=16 triton                       106/111  0/0    1360/1368  16Bx1 8Bx12 4Bx33   8Bx2 4Bx2
 //   warp per token (any strides)
