@@ -228,7 +228,7 @@ kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result,
  * (its primary context) and runs each once on tiny inputs in kpool's own
  * scratch memory, on exec->stream (NULL exec: the legacy default stream),
  * then synchronizes that stream. Without it the first call of each variant
- * loads its module (its SASS, or its PTX JIT-compiled: milliseconds): call
+ * loads its module, and the driver JIT-compiles its PTX (milliseconds): call
  * it once per device before serving and before capturing CUDA graphs (a
  * capture must not be the first call of a variant). Thread-safe; after its
  * first success on a device it returns at once. exec->arithmetic and
