@@ -1,7 +1,7 @@
 // Every CUDA variant of the build, run once through its op on tiny
 // tensors in kpool's own scratch memory: the first call of a Halide pipeline
-// on a context loads its module (the driver JIT-compiles the PTX), which
-// costs milliseconds and must not happen inside a CUDA-graph capture.
+// on a context loads its module (the build's SASS, or its PTX JIT-compiled by
+// the driver: runtime/cuda_module_loader.cpp), which costs milliseconds and must not happen inside a CUDA-graph capture.
 #include "warm_up.h"
 
 #include <cstdio>

@@ -1,7 +1,7 @@
 // What an engine swapping kpool in for the reference passes, through the C
 // API: int64 decode indices (the kernel variant per index dtype), a
-// persistent block table with more rows than the batch, and the cases where
-// the reference computes a result that kpool used to refuse (a negative
+// persistent block table with more rows than the batch, and the inputs the
+// reference computes on that a stricter check would refuse (a negative
 // seq_len, a pool size that is no power of two in the budget), each against
 // the scalar reference or the int32 call's bytes.
 #include <cstdint>

@@ -63,7 +63,7 @@ import knobs as knobs_file  # noqa: E402
 def unit_of(knob):
     op = knob.split(".")[0]
     if op not in OPS:
-        return None  # a family's capability (e4m3.hardware), not tuned per op
+        return None  # not an op's knob: no unit times it
     return f"{op}.exact" if "exact" in knob else op
 
 

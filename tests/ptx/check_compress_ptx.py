@@ -1,7 +1,7 @@
 """Every specialization a compress schedule promises is in its CUDA device code,
 and none of them loses the exact arithmetic's rounding barriers.
 
-    ptx_specializations.py BUILD_DIR FAMILY
+    check_compress_ptx.py BUILD_DIR FAMILY
 
 Each compress kernel object of the family (kpool_<family>_compress_*.o)
 embeds its PTX. Its CUDA schedule specializes on round_scale (schedules/
@@ -28,30 +28,13 @@ import os
 import re
 import sys
 
+from embedded_ptx import object_kernels
+
 DIVISION = re.compile(rb"\bdiv\.(?:full|rn|approx)(?:\.ftz)?\.f32\b")
-ENTRY = re.compile(rb"\.entry\s+(\w+)")
 PRODUCT = re.compile(rb"^\s*mul\.f32\s+(%r\d+),", re.M)
 REGISTER_OR = re.compile(rb"^\s*or\.b32\s+(%r\d+),\s*%r\d+,\s*%r\d+;", re.M)
 SUM = re.compile(rb"^\s*(?:add|sub)\.f32\s+%r\d+,\s*([^;]*);", re.M)
 REG = re.compile(rb"%r\d+")
-
-
-def modules(data):
-    """The PTX modules embedded in an object: from `.version` to the NUL."""
-    start = data.find(b".version ")
-    while start >= 0:
-        end = data.find(b"\0", start)
-        end = len(data) if end < 0 else end
-        yield data[start:end]
-        start = data.find(b".version ", end)
-
-
-def kernels(ptx):
-    """(name, text) of each kernel entry of a PTX module."""
-    found = list(ENTRY.finditer(ptx))
-    for i, m in enumerate(found):
-        end = found[i + 1].start() if i + 1 < len(found) else len(ptx)
-        yield m.group(1).decode(), ptx[m.start():end]
 
 
 def barrier_counts(kernel):
@@ -63,9 +46,7 @@ def barrier_counts(kernel):
 
 
 def check_exact(obj_path):
-    with open(obj_path, "rb") as f:
-        data = f.read()
-    counts = {name: barrier_counts(text) for ptx in modules(data) for name, text in kernels(ptx)}
+    counts = {name: barrier_counts(text) for name, text in object_kernels(obj_path)}
     barriers = {n for n, _ in counts.values()}
     if not counts or len(barriers) != 1 or 0 in barriers or any(bare for _, bare in counts.values()):
         return (f"{obj_path}: (rounding barriers into a sum, bare products into a sum) per kernel {counts}: "
@@ -74,9 +55,7 @@ def check_exact(obj_path):
 
 
 def check(obj_path):
-    with open(obj_path, "rb") as f:
-        data = f.read()
-    divisions = {name: len(DIVISION.findall(text)) for ptx in modules(data) for name, text in kernels(ptx)}
+    divisions = {name: len(DIVISION.findall(text)) for name, text in object_kernels(obj_path)}
     expected = 2 if "_words_" in os.path.basename(obj_path) else 3
     if len(divisions) != expected:
         return f"{obj_path}: {len(divisions)} kernels, expected {expected} (with and without round_scale, and any rows " \
