@@ -120,7 +120,8 @@ const int32_t kCounts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 31, 33, 63, 65, 127, 129, 
 
 TEST(CudaBounds, CompressReadsInsideItsInputsForAnyPoolCount) {
     constexpr int32_t kHeadDim = 128;
-    using CompressToRows = int (*)(void const *, halide_buffer_t *, halide_buffer_t *, halide_buffer_t *, bool,
+    // (user context, slot_k, slot_score, ape, round_scale, aligned_data, codes, scales)
+    using CompressToRows = int (*)(void const *, halide_buffer_t *, halide_buffer_t *, halide_buffer_t *, bool, bool,
                                    halide_buffer_t *, halide_buffer_t *);
     const struct {
         const char *name;
@@ -136,9 +137,12 @@ TEST(CudaBounds, CompressReadsInsideItsInputsForAnyPoolCount) {
             QueryBuffer ape("ape", halide_type_of<float>(), {kHeadDim, k.pool_size});
             QueryBuffer codes("codes", halide_type_of<uint8_t>(), {kHeadDim, pools});
             QueryBuffer scales("scales", halide_type_of<float>(), {kHeadDim, pools});
-            ASSERT_EQ(k.run(nullptr, &slot_k.raw, &score.raw, &ape.raw, true, &codes.raw, &scales.raw), 0) << call;
-            for (const QueryBuffer *in : {&slot_k, &score, &ape}) {
-                in->expect_inside(call);
+            for (bool aligned : {false, true}) {
+                ASSERT_EQ(k.run(nullptr, &slot_k.raw, &score.raw, &ape.raw, true, aligned, &codes.raw, &scales.raw), 0)
+                    << call;
+                for (const QueryBuffer *in : {&slot_k, &score, &ape}) {
+                    in->expect_inside(call);
+                }
             }
         }
     }
@@ -153,9 +157,10 @@ TEST(CudaBounds, FwhtReadsInsideItsInputForAnyRowCount) {
         ASSERT_EQ(kpool_sm90_fwht128_quant_fp8(nullptr, &q.raw, &codes.raw, &scales.raw), 0) << call;
         q.expect_inside(call);
 
-        QueryBuffer words("q words", halide_type_of<uint64_t>(), {32, rows});
-        QueryBuffer code_words("code words", halide_type_of<uint32_t>(), {32, rows});
-        QueryBuffer word_scales("scales", halide_type_of<float>(), {128, rows});
+        // The words kernel: bf16 pairs (uint32) in, words of 8 codes (uint64) out.
+        QueryBuffer words("q words", halide_type_of<uint32_t>(), {64, rows});
+        QueryBuffer code_words("code words", halide_type_of<uint64_t>(), {16, rows});
+        QueryBuffer word_scales("scales", halide_type_of<float>(), {16, rows});
         ASSERT_EQ(kpool_sm90_fwht128_quant_fp8_words(nullptr, &words.raw, &code_words.raw, &word_scales.raw), 0)
             << call << " (words)";
         words.expect_inside(call + " (words)");
