@@ -98,6 +98,9 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
     const char *op = "kpool_compress_and_write_cache";
     const ElementType score_type = slot_score.t->dtype == KPOOL_DTYPE_FLOAT32 ? ElementType::f32 : ElementType::bf16;
     HalideBuffer ape_b = wrap(ape);
+    // (Read before attach: on a device, attach moves the data pointer from
+    // the host field to the device one.)
+    const bool ape_rows_of_16_bytes = rows_of_16_bytes(ape_b);
     where.attach(ape_b);
     // With the strides (the kernel checks them), whether rows start 16-byte
     // aligned: the CUDA kernels then load 4 f32 at once. (A range's slices
@@ -113,19 +116,25 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
         };
         kpool_tensor k_rows, s_rows, loc_rows, mask_rows, codes_rows, scale_rows;
         HalideBuffer key = wrap(pools(slot_k, k_rows)), score = wrap(pools(slot_score, s_rows));
-        where.attach(key), where.attach(score);
         // Rows whose data and strides are all 16-byte aligned take the words
         // kernels where the build has them (CUDA, the reference arithmetic):
         // bf16 as 64-bit words of 4, so each lane's 4 keys (and bf16 scores) of
-        // a slot are one load. The words kernels check the strides too.
+        // a slot are one load. The words kernels check the strides too. The
+        // word views are made before attach, from the host fields.
         const bool words_fit = !where.on_host() && rows_of_16_bytes(key) && rows_of_16_bytes(score) &&
-                               rows_of_16_bytes(ape_b);
+                               ape_rows_of_16_bytes;
         auto words_kernel = [&](Kernel kind) { return words_fit && where.has_kernel(kind, pool_size, score_type); };
+        const bool words = words_kernel(Kernel::COMPRESS_TO_CACHE_WORDS) || words_kernel(Kernel::COMPRESS_TO_ROWS_WORDS);
         HalideBuffer key_words, score_words;
-        if (words_kernel(Kernel::COMPRESS_TO_CACHE_WORDS) || words_kernel(Kernel::COMPRESS_TO_ROWS_WORDS)) {
+        if (words) {
             key_words = where.attach(as_words(key, halide_type_of<uint64_t>()));
-            score_words = score_type == ElementType::bf16 ? where.attach(as_words(score, halide_type_of<uint64_t>()))
-                                                          : score;
+            if (score_type == ElementType::bf16) {
+                score_words = where.attach(as_words(score, halide_type_of<uint64_t>()));
+            }
+        }
+        where.attach(key), where.attach(score);
+        if (words && score_type != ElementType::bf16) {
+            score_words = score;  // f32 scores: one f32 an item
         }
         // A cache without slots takes no write (every loc is a sentinel; on a
         // device the kernel would skip them): no kernel on empty views.
