@@ -71,8 +71,10 @@ def test_readme_ops_are_the_c_api():
 def test_pool_size_limits():
     """behaviour.md's pool sizes are the build's defaults; README's "P a
     power of two in [1, 64]" is the runtime's check."""
-    cpu, cuda = _cmake_list("KPOOL_POOL_SIZES"), _cmake_list("KPOOL_CUDA_POOL_SIZES")
-    assert cpu == [str(1 << i) for i in range(7)]
+    # The CPU list is every power of two up to kpool.h's KPOOL_MAX_POOL_SIZE.
+    max_pool = int(re.search(r"^#define KPOOL_MAX_POOL_SIZE ([0-9]+)$", HEADER, re.M).group(1))
+    assert "foreach (P 1 2 4 8 16 32 64 128 256)" in CMAKE and max_pool == 64
+    cuda = _cmake_list("KPOOL_CUDA_POOL_SIZES")
     assert "CPU: every power\n  of two from 1 to 64" in BEHAVIOUR
     assert f"CUDA pool sizes built: {', '.join(cuda)} (`KPOOL_CUDA_POOL_SIZES`)" in BEHAVIOUR
     assert "`P` a power of two in\n[1, 64]" in README
