@@ -56,12 +56,13 @@ CacheViews wrap_kv_cache(const TensorArg &kv_cache) {
     return v;
 }
 
-bool rows_fit_words(const TensorArg &a, int64_t bytes) {
-    const int64_t row_bytes = a.dim(0) > 1 ? a.stride(0) * element_bytes(a.t->dtype) : 0;
-    return reinterpret_cast<uintptr_t>(a.t->data) % bytes == 0 && row_bytes % bytes == 0;
+bool rows_aligned(const TensorArg &a, int64_t bytes, std::initializer_list<int> row_dims) {
+    bool aligned = reinterpret_cast<uintptr_t>(a.t->data) % bytes == 0;
+    for (int i : row_dims) {
+        aligned = aligned && (a.dim(i) <= 1 || (a.stride(i) * element_bytes(a.t->dtype)) % bytes == 0);
+    }
+    return aligned;
 }
-
-bool starts_16_byte_aligned(const TensorArg &a) { return reinterpret_cast<uintptr_t>(a.t->data) % 16 == 0; }
 
 HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes) {
     const int64_t per_word = word_bytes / element_bytes(a.t->dtype);
@@ -72,15 +73,6 @@ HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes) {
                  // kernel asks of the stride divides.
                  halide_dimension_t(0, i32(a.dim(0)),
                                     i32(a.dim(0) > 1 ? a.stride(0) / per_word : KPOOL_HEAD_DIM / per_word))});
-}
-
-bool rows_of_16_bytes(const HalideBuffer &b) {
-    const int bytes = b.type().bytes();
-    bool aligned = reinterpret_cast<uintptr_t>(b.data()) % 16 == 0;
-    for (int i = 1; i < b.dimensions(); i++) {
-        aligned = aligned && (int64_t(b.dim(i).stride()) * bytes) % 16 == 0;
-    }
-    return aligned;
 }
 
 HalideBuffer as_words(const HalideBuffer &b, halide_type_t word) {

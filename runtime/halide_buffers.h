@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include <initializer_list>
+
 #include "HalideBuffer.h"
 #include "validate.h"
 
@@ -23,16 +25,14 @@ struct CacheViews {
 };
 CacheViews wrap_kv_cache(const TensorArg &kv_cache);
 
-// Whether a [rows, 128] tensor's data and rows are aligned to `bytes`;
-// and the tensor (inner-contiguous) as (word, row) words of `word_bytes`
-// bytes (4 or 8): the words kernels load and store whole aligned words.
-bool rows_fit_words(const TensorArg &a, int64_t bytes);
-// Whether a tensor's data starts 16-byte aligned.
-bool starts_16_byte_aligned(const TensorArg &a);
+// Whether every row of `a` (its innermost dimension) starts on a multiple of
+// `bytes`: the data and the strides of the outer dimensions `row_dims`
+// (torch order; a dimension of size 1 has no second row) are multiples of
+// it. The words kernels load and store whole aligned words.
+bool rows_aligned(const TensorArg &a, int64_t bytes, std::initializer_list<int> row_dims);
+// A [rows, 128] tensor (inner-contiguous) as (word, row) words of
+// `word_bytes` bytes (4 or 8).
 HalideBuffer wrap_row_words(const TensorArg &a, int64_t word_bytes);
-// Whether a buffer's data and every stride past the first are multiples of
-// 16 bytes (a size-1 dimension takes the dense stride, wrap()).
-bool rows_of_16_bytes(const HalideBuffer &b);
 // An inner-contiguous buffer of 16-bit elements (wrap()) as words of
 // `word` (uint32 or uint64): the first element in the low bits.
 HalideBuffer as_words(const HalideBuffer &b, halide_type_t word);

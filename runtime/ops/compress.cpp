@@ -98,16 +98,13 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
     const char *op = "kpool_compress_and_write_cache";
     const ElementType score_type = slot_score.t->dtype == KPOOL_DTYPE_FLOAT32 ? ElementType::f32 : ElementType::bf16;
     HalideBuffer ape_b = wrap(ape);
-    // (Read before attach: on a device, attach moves the data pointer from
-    // the host field to the device one.)
-    const bool ape_rows_of_16_bytes = rows_of_16_bytes(ape_b);
     where.attach(ape_b);
     // With the strides (the kernel checks them), whether rows start 16-byte
     // aligned: the CUDA kernels then load 4 f32 at once. (A range's slices
     // start at whole pools: aligned where the whole tensor is and its pool
     // stride keeps it so, which the kernel's stride check covers.)
-    const bool aligned_data = starts_16_byte_aligned(slot_k) && starts_16_byte_aligned(slot_score) &&
-                              starts_16_byte_aligned(ape);
+    const bool aligned_data =
+        rows_aligned(slot_k, 16, {}) && rows_aligned(slot_score, 16, {}) && rows_aligned(ape, 16, {});
     for (RowRange r : where.row_ranges(n, per_pool)) {
         // The range's pools (views of the same memory).
         auto pools = [r](const TensorArg &a, kpool_tensor &slice) {
@@ -115,14 +112,15 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
             return TensorArg{a.name, &slice};
         };
         kpool_tensor k_rows, s_rows, loc_rows, mask_rows, codes_rows, scale_rows;
-        HalideBuffer key = wrap(pools(slot_k, k_rows)), score = wrap(pools(slot_score, s_rows));
+        const TensorArg k_range = pools(slot_k, k_rows), s_range = pools(slot_score, s_rows);
+        HalideBuffer key = wrap(k_range), score = wrap(s_range);
         // Rows whose data and strides are all 16-byte aligned take the words
         // kernels where the build has them (CUDA, the reference arithmetic):
         // bf16 as 64-bit words of 4, so each lane's 4 keys (and bf16 scores) of
         // a slot are one load. The words kernels check the strides too. The
         // word views are made before attach, from the host fields.
-        const bool words_fit = !where.on_host() && rows_of_16_bytes(key) && rows_of_16_bytes(score) &&
-                               ape_rows_of_16_bytes;
+        const bool words_fit = !where.on_host() && rows_aligned(k_range, 16, {0, 1}) &&
+                               rows_aligned(s_range, 16, {0, 1}) && rows_aligned(ape, 16, {0});
         auto words_kernel = [&](Kernel kind) { return words_fit && where.has_kernel(kind, pool_size, score_type); };
         const bool words = words_kernel(Kernel::COMPRESS_TO_CACHE_WORDS) || words_kernel(Kernel::COMPRESS_TO_ROWS_WORDS);
         HalideBuffer key_words, score_words;

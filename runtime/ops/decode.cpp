@@ -24,17 +24,6 @@ Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
     return Kernel::DECODE_UPDATE;
 }
 
-// Whether every row of `a` (its innermost dimension) starts on a word of
-// `word_bytes`: the data and the strides of the outer dimensions `row_dims`
-// (torch order; a dimension of size 1 has no second row) are multiples of it.
-bool rows_aligned(const TensorArg &a, int64_t word_bytes, std::initializer_list<int> row_dims) {
-    bool aligned = reinterpret_cast<uintptr_t>(a.t->data) % word_bytes == 0;
-    for (int i : row_dims) {
-        aligned = aligned && (a.dim(i) <= 1 || (a.stride(i) * element_bytes(a.t->dtype)) % word_bytes == 0);
-    }
-    return aligned;
-}
-
 }  // namespace
 
 namespace {

@@ -13,7 +13,7 @@ void launch_fwht(const Placement &where, const TensorArg &q, const TensorArg &q_
     // Rows of 16-byte-aligned bf16 and 8-byte-aligned codes (torch's are)
     // take the words kernel: bf16 pairs as 4-byte words, a lane's run of 8 in
     // one 16-byte load; 8 codes to an 8-byte word, one store.
-    if (!where.on_host() && rows_fit_words(q, 16) && rows_fit_words(q_fp8, 8)) {
+    if (!where.on_host() && rows_aligned(q, 16, {0}) && rows_aligned(q_fp8, 8, {0})) {
         HalideBuffer in = wrap_row_words(q, 4), codes = wrap_row_words(q_fp8, 8),
                      scales = wrap_row_scales(q_scale, KPOOL_HEAD_DIM / 8);
         where.launch<Kernel::FWHT_WORDS>("fwht128_quant_fp8", 0, ElementType::none, where.attach(in).raw_buffer(),
