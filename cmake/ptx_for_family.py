@@ -73,6 +73,49 @@ def raised(text, header_at, target, isa):
     return out
 
 
+# generators/kpool_numerics.h, kPtxRoundBf16: the extern device function a
+# CUDA kernel calls for bf16 rounding. LLVM's NVPTX back end writes each call
+# as a call sequence (the argument through param0, the result through
+# retval0), which is replaced by the instruction itself, padded to the
+# sequence's length; the function's .extern declaration is blanked.
+ROUND_BF16 = b"kpool_cvt_rn_bf16_f32"
+ROUND_BF16_CALL = re.compile(
+    rb"\{ // callseq \d+, 0\n"
+    rb"\s*\.param \.b32 \s*param0;\n"
+    rb"\s*st\.param\.b32 \s*\[param0\], (%r\d+);\n"
+    rb"\s*\.param \.b32 \s*retval0;\n"
+    rb"\s*call\.uni \(retval0\), kpool_cvt_rn_bf16_f32, \(param0\);\n"
+    rb"\s*ld\.param\.b32 \s*(%r\d+), \[retval0\];\n"
+    rb"\s*\} // callseq \d+")
+ROUND_BF16_DECLARATION = re.compile(
+    rb"\.extern \.func\s+\(\.param \.b32 func_retval0\) kpool_cvt_rn_bf16_f32\s*\(\s*"
+    rb"\.param \.b32 kpool_cvt_rn_bf16_f32_param_0\s*\)\s*;")
+
+
+def padded(replacement, length):
+    """replacement, then spaces up to `length` bytes."""
+    if len(replacement) > length:
+        sys.exit(f"no room for {replacement!r} in {length} bytes")
+    return replacement + b" " * (length - len(replacement))
+
+
+def native_bf16_rounding(text):
+    """The module with every call of ROUND_BF16 replaced by cvt.rn.bf16.f32
+    (the value's bf16 in the high half of an f32 register, the low half
+    zero), at the same length."""
+    def instruction(m):
+        source, result = m.group(1), m.group(2)
+        return padded(b"{ .reg .b16 %%kz, %%kb; mov.b16 %%kz, 0; cvt.rn.bf16.f32 %%kb, %s; mov.b32 %s, {%%kz, %%kb}; }"
+                      % (source, result), len(m.group(0)))
+
+    text = ROUND_BF16_CALL.sub(instruction, text)
+    text = ROUND_BF16_DECLARATION.sub(lambda m: padded(b"", len(m.group(0))), text)
+    if ROUND_BF16 in text:
+        sys.exit(f"a call of {ROUND_BF16.decode()} in a form cmake/ptx_for_family.py does not know: "
+                 f"{text[text.index(ROUND_BF16) - 200:text.index(ROUND_BF16) + 100]!r}")
+    return text
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("object")
@@ -90,7 +133,7 @@ def main():
         sys.exit(f"{args.object}: no embedded PTX with a .version/.target header")
     manifest = []
     for index, (start, header_at, end) in enumerate(found):
-        text = raised(bytes(data[start:end]), header_at, args.target, args.isa)
+        text = native_bf16_rounding(raised(bytes(data[start:end]), header_at, args.target, args.isa))
         data[start:end] = text
         cubin = (f"{os.path.splitext(args.sass)[0]}.{index}.cubin" if args.sass
                  else None)

@@ -158,7 +158,7 @@ RotateQuant rotate_quantize_rotation(Func input, Hadamard128 rotation, const Var
     r.input = input;
     r.rotation = std::move(rotation);
     r.rotated = Func{"rotated_bf16"};
-    r.rotated(lane_args(v, lane, rows)) = round_to_bf16(r.rotation.output(with_two(v, lane, rows)));
+    r.rotated(lane_args(v, lane, rows)) = arith.round_to_bf16(r.rotation.output(with_two(v, lane, rows)));
     r.quant = quantize_fp8_row(r.rotated, d, v, lane, rows, layout, round_scale, arith, encoder);
     return r;
 }
@@ -225,7 +225,7 @@ CompressPool compress_pool(Func key, Func score, Func ape, int pool_size, const 
     CompressPool c;
     c.pool = softmax_pool(key, score, ape, pool_size, d, j, rows, arith);
     c.pooled_bf16 = Func{"pooled_bf16"};
-    c.pooled_bf16(with_d(d, rows)) = round_to_bf16(c.pool.pooled(with_d(d, rows)));
+    c.pooled_bf16(with_d(d, rows)) = arith.round_to_bf16(c.pool.pooled(with_d(d, rows)));
     c.rotate = rotate_quantize(c.pooled_bf16, d, v, lane, rows, layout, round_scale, arith, encoder);
     return c;
 }

@@ -260,4 +260,11 @@ Expr PoolArithmetic::divide(Expr a, Expr b) const {
     return a / b;
 }
 
+Expr PoolArithmetic::round_to_bf16(Expr x) const {
+    if (max_min.ptx) {
+        return Internal::Call::make(Float(32), kPtxRoundBf16, {x}, Internal::Call::PureExtern);
+    }
+    return kpool::round_to_bf16(x);
+}
+
 }  // namespace kpool

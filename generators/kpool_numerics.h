@@ -38,7 +38,7 @@ Halide::Expr abs_f32(Halide::Expr x);
 // written-out form's lets in GPU code, which Halide's warp-shuffle lowering
 // rejects).
 struct MaxMinRule {
-    bool ptx = false;  // max.f32 / min.f32
+    bool ptx = false;  // max.f32 / min.f32 (and PoolArithmetic's cvt.rn.bf16.f32): a CUDA kernel
     Halide::Expr max(Halide::Expr a, Halide::Expr b) const;
     Halide::Expr min(Halide::Expr a, Halide::Expr b) const;
 };
@@ -129,12 +129,27 @@ struct PoolArithmetic {
     Arithmetic kind = Arithmetic::Exact;
     RoundingBarrier round;      // Exact: products rounded on their own
     bool exp_branches = false;  // Exact: exp's exact path as a branch (GPU threads)
-    MaxMinRule max_min;         // the softmax max and the row's absmax ignore NaN
+    MaxMinRule max_min;         // the softmax max and the row's absmax ignore NaN; ptx: on CUDA
 
     Halide::Expr exp(Halide::Expr t) const;
     // sum + k * p, in the order the reference accumulates.
     Halide::Expr accumulate(Halide::Expr sum, Halide::Expr k, Halide::Expr p) const;
     Halide::Expr divide(Halide::Expr a, Halide::Expr b) const;
+    // f32 -> nearest bf16, as f32: round_to_bf16, on CUDA as one
+    // instruction (kPtxRoundBf16).
+    Halide::Expr round_to_bf16(Halide::Expr x) const;
 };
+
+// On CUDA, bf16 rounding is PTX's cvt.rn.bf16.f32 (sm_80 and later), one
+// instruction where the integer form takes about nine. Halide 21 can neither
+// cast to bf16 in PTX (its LLVM type for bf16 is i16) nor declare LLVM's bf16
+// intrinsics (they return bfloat), so a kernel calls an extern device
+// function of this name, and the build replaces every call with the
+// instruction (cmake/ptx_for_family.py; a call left over fails the build).
+// The instruction's result differs from round_to_bf16's only in a NaN's bits
+// (it gives the canonical 0x7fff), which no output carries: the absmax and
+// the softmax max skip a NaN whatever its bits, and the e4m3 clamp maps every
+// NaN to -448.
+constexpr const char *kPtxRoundBf16 = "kpool_cvt_rn_bf16_f32";
 
 }  // namespace kpool
