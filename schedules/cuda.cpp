@@ -62,10 +62,16 @@ struct CudaPlan : KnobReader {
     int decode_tokens_per_block = knob("decode.tokens_per_block");
     // Decode's warp-per-request layout: requests (warps) per block.
     int decode_requests_per_block = knob("decode.requests_per_block");
-    // A completion pooled in its token's lanes (V elements per lane)
-    // unrolls its slot folds up to this many slots, in either arithmetic:
-    // past it the P x V members' registers spill under the 128-register cap.
+    // A completion pooled in its token's lanes (V elements per lane), in
+    // the triton arithmetic, unrolls its slot folds up to this many slots;
+    // past it each fold runs in groups of this many slots, each group
+    // unrolled (all P x V members at once spill under the 128-register cap).
     int decode_lane_unrolled_slots = knob("decode.lane_unrolled_slots");
+    // The same for the exact arithmetic, whose exps take more registers.
+    int decode_lane_unrolled_exact_slots = knob("decode.lane_unrolled_exact_slots");
+    // A warp per token (any strides, element by element) unrolls its slot
+    // folds up to this many slots, past it loops over the slots.
+    int decode_token_unrolled_slots = knob("decode.token_unrolled_slots");
     int seed_warps_per_block = knob("seed.warps_per_block");    // seed: warps per block (32 tokens each)
     int expand_cols = knob("expand.cols");                      // expand: output columns per thread block
     int expand_and_append_cols = knob("expand.append_cols");    // the same for expand_pools_and_append_tail
@@ -418,9 +424,40 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
 // decode call is latency-bound: every member's loads in flight at once).
 void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token, bool vector_values) {
     compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane));
-    const bool unroll_slots = pool_size(s) <= plan.decode_lane_unrolled_slots;
+    SoftmaxPool &p = s.compress.pool;
+    const bool triton = p.arithmetic == Arithmetic::Triton;
+    const int group = !vector_values ? plan.decode_token_unrolled_slots
+                      : triton       ? plan.decode_lane_unrolled_slots
+                                     : plan.decode_lane_unrolled_exact_slots;
+    const bool unroll_slots = pool_size(s) <= group;
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, token), unroll_slots,
                          /*conditions=*/nullptr, vector_values);
+    if (!vector_values) {
+        return;  // element by element (any strides): past `group`, slot loops
+    }
+    if (unroll_slots && triton) {
+        // Every member's loads first, all in flight at once: each slot's
+        // logits (its score member + ape, 8 + 16 bytes a lane) and its key
+        // member (8 bytes), in the lane's registers for both folds. (The
+        // exact arithmetic's exps need those registers: there the loads
+        // stay inside the unrolled folds.)
+        for (Func f : {p.logit, s.member_key_bits}) {
+            f.compute_at(s.compress.pooled_bf16, s.lane).store_in(MemoryType::Register).unroll(s.j).vectorize(s.d);
+        }
+    } else if (!unroll_slots) {
+        // Past `group` slots, each fold runs over groups of `group` slots,
+        // each group unrolled: a group's member loads are in flight
+        // together (a latency per group and fold, not per slot).
+        RVar later_group{"later_slot_group"}, later_in{"later_slot_in_group"};
+        RVar slot_group{"slot_group"}, slot_in{"slot_in_group"};
+        if (p.max_logit.has_update_definition()) {
+            p.max_logit.update(0)
+                .split(p.later_slot.x, later_group, later_in, group, TailStrategy::GuardWithIf)
+                .unroll(later_in);
+        }
+        p.weighted_sum.update(0).split(p.slot.x, slot_group, slot_in, group).unroll(slot_in);
+        p.weight.compute_at(p.weighted_sum, slot_in);
+    }
 }
 
 // CUDA runs decode as one kernel, kpool_decode_update (below); the two-kernel
