@@ -490,22 +490,32 @@ void schedule_decode_write(DecodeWriteStages &, const BuildPlan &) {
 //
 // Static figures, sm90 (ptxas -arch=sm_90 --maxrregcount 128, the runtime's
 // JIT cap; cuobjdump -sass): registers, spilled bytes and SASS instructions
-// of the power-of-two / general kernel; global memory instructions by bytes.
+// of the power-of-two / general kernel; global memory instructions by bytes
+// (power-of-two kernel; 4-byte loads are the per-token indices and the
+// unrolled walks over earlier tokens). The knobs of sm90.knobs: a request
+// per block, triton slot groups of 4, exact groups of 2.
 //   warp per request (aligned rows)   regs     spill  SASS       loads               stores
-//   P=4  exact                        128/128  0/0    2848/2696  16Bx1 8Bx16 4Bx51   8Bx2 4Bx2
-//   P=4  triton                        99/90   0/0    1536/1360  16Bx1 8Bx16 4Bx51   8Bx2 4Bx2
-//   P=16 exact                        122/128  0/0    1768/1840  16Bx1 8Bx12 4Bx33   8Bx2 4Bx2
-//   P=16 triton                       106/111  0/0    1360/1368  16Bx1 8Bx12 4Bx33   8Bx2 4Bx2
+//   P=4  exact                        122/103  0/0    2339/2115  16Bx6 8Bx10 4Bx37   8Bx2 4Bx2
+//   P=4  triton                        72/80   0/0    1257/1028  16Bx4 8Bx10 4Bx37   8Bx2 4Bx2
+//   P=8  exact                        106/108  0/0    2241/2276  16Bx10 8Bx14 4Bx23  8Bx2 4Bx2
+//   P=8  triton                        84/103  0/0    1399/1361  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
+//   P=16 exact                        110/125  0/0    2188/2199  16Bx6 8Bx10 4Bx23   8Bx2 4Bx2
+//   P=16 triton                       104/126  0/0    1550/1620  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
 //   warp per token (any strides)
-//   P=4  exact                        128/128  0/0    1712/1520  4Bx43 2Bx22         4Bx1 2Bx8 1Bx4
-//   P=4  triton                       128/108  0/0    1520/1352  4Bx55 2Bx64         4Bx1 2Bx8 1Bx4
-//   P=16 exact                        127/128  0/8    1328/1352  4Bx28 2Bx18         4Bx1 2Bx8 1Bx4
-//   P=16 triton                       128/128  0/0    1312/1328  4Bx37 2Bx48         4Bx1 2Bx8 1Bx4
+//   P=4  exact                        124/128  0/0    1686/1482  4Bx43 2Bx22         4Bx1 2Bx8 1Bx4
+//   P=4  triton                       122/106  0/0    1465/1287  4Bx55 2Bx64         4Bx1 2Bx8 1Bx4
+//   P=16 exact                        124/128  0/8    1277/1290  4Bx28 2Bx16         4Bx1 2Bx8 1Bx4
+//   P=16 triton                       126/128  0/0    1289/1298  4Bx37 2Bx40         4Bx1 2Bx8 1Bx4
+// A warp per request's members: 8 bytes of key and of score (one load each,
+// from this call's inputs or the ring, a uniform branch), 16 of ape, per
+// slot; at P=16 triton 4 groups of 4 slots, each group's loads in flight
+// together, per fold (before: 15 + 16 iterations of one slot each, every
+// member read from both sources, 122-128 registers, 16Bx1 8Bx12 4Bx33;
+// four requests per block: P=4 triton 99/90 registers, 1536/1360 SASS).
 // The one kernel before both layouts (block per request, no specialization):
 // P=4 exact/triton 128/120 registers, 4/0 B spilled, 1912/1712 SASS; P=16
 // 128/128 registers, 204/452 B spilled, 4096/3280 SASS; loads 2Bx22-256,
-// stores 2Bx8 1Bx4. (The 4-byte loads are the per-token indices: the walks
-// over earlier tokens, unrolled in the power-of-two kernel.)
+// stores 2Bx8 1Bx4.
 void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     const CudaPlan plan = plan_for(build);
     DecodeWriteStages &w = s.write;
