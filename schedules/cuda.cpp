@@ -493,14 +493,14 @@ void schedule_decode_write(DecodeWriteStages &, const BuildPlan &) {
 // of the power-of-two / general kernel; global memory instructions by bytes
 // (power-of-two kernel; 4-byte loads are the per-token indices and the
 // unrolled walks over earlier tokens). The knobs of sm90.knobs: a request
-// per block, triton slot groups of 4, exact groups of 2.
+// per block, triton slot groups of 8, exact groups of 4.
 //   warp per request (aligned rows)   regs     spill  SASS       loads               stores
-//   P=4  exact                        122/103  0/0    2339/2115  16Bx6 8Bx10 4Bx37   8Bx2 4Bx2
+//   P=4  exact                        122/124  0/0    3332/3112  16Bx4 8Bx13 4Bx37   8Bx2 4Bx2
 //   P=4  triton                        72/80   0/0    1257/1028  16Bx4 8Bx10 4Bx37   8Bx2 4Bx2
-//   P=8  exact                        106/108  0/0    2241/2276  16Bx10 8Bx14 4Bx23  8Bx2 4Bx2
-//   P=8  triton                        84/103  0/0    1399/1361  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
-//   P=16 exact                        110/125  0/0    2188/2199  16Bx6 8Bx10 4Bx23   8Bx2 4Bx2
-//   P=16 triton                       104/126  0/0    1550/1620  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
+//   P=8  exact                        124/125  0/0    3362/3357  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
+//   P=8  triton                       111/128  0/0    1791/1443  16Bx8 8Bx18 4Bx37   8Bx2 4Bx2
+//   P=16 exact                        118/128  0/0    3350/3443  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
+//   P=16 triton                       123/128  0/0    2077/2060  16Bx24 8Bx34 4Bx23  8Bx2 4Bx2
 //   warp per token (any strides)
 //   P=4  exact                        124/128  0/0    1686/1482  4Bx43 2Bx22         4Bx1 2Bx8 1Bx4
 //   P=4  triton                       122/106  0/0    1465/1287  4Bx55 2Bx64         4Bx1 2Bx8 1Bx4
@@ -508,10 +508,12 @@ void schedule_decode_write(DecodeWriteStages &, const BuildPlan &) {
 //   P=16 triton                       126/128  0/0    1289/1298  4Bx37 2Bx40         4Bx1 2Bx8 1Bx4
 // A warp per request's members: 8 bytes of key and of score (one load each,
 // from this call's inputs or the ring, a uniform branch), 16 of ape, per
-// slot; at P=16 triton 4 groups of 4 slots, each group's loads in flight
-// together, per fold (before: 15 + 16 iterations of one slot each, every
-// member read from both sources, 122-128 registers, 16Bx1 8Bx12 4Bx33;
-// four requests per block: P=4 triton 99/90 registers, 1536/1360 SASS).
+// slot; at P=16 two groups of 8 slots (triton) or four of 4 (exact), each
+// group's loads in flight together, per fold (before: 15 + 16 iterations of
+// one slot each, every member read from both sources, 106-128 registers,
+// 1334-1370 (triton) and 1928-1995 (exact) SASS, 16Bx1 8Bx12 4Bx19-33; four
+// requests per block). Triton groups of 4 and exact groups of 2 (the knobs'
+// other values): P=16 1550/1620 and 2188/2199 SASS, no spills.
 // The one kernel before both layouts (block per request, no specialization):
 // P=4 exact/triton 128/120 registers, 4/0 B spilled, 1912/1712 SASS; P=16
 // 128/128 registers, 204/452 B spilled, 4096/3280 SASS; loads 2Bx22-256,
