@@ -287,9 +287,10 @@ public:
     GeneratorParam<DecodeLayout> layout{"layout", DecodeLayout::WarpPerToken,
                                         {{"warp_per_token", DecodeLayout::WarpPerToken},
                                          {"warp_per_request", DecodeLayout::WarpPerRequest}}};
-    // Every bf16 row (key, slot_score, the ring) starts 8-byte aligned and
-    // every row of codes 4-byte aligned (the runtime checks before it picks
-    // such a kernel): a lane's 4 elements move as one 8-byte load or 4-byte
+    // Every bf16 row (key, slot_score, the ring) starts 8-byte aligned,
+    // ape is dense from a 16-byte-aligned base and every row of codes
+    // 4-byte aligned (the runtime checks before it picks such a kernel): a
+    // lane's 4 elements move as one 8-byte (16-byte for ape) load or 4-byte
     // store. Without it the kernel takes any strides.
     GeneratorParam<bool> aligned_rows{"aligned_rows", false};
 
