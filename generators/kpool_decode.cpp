@@ -46,8 +46,8 @@ Func index_values(Func index) {
     return f;
 }
 
-// Elements per aligned word: 4 bf16 in 8 bytes, 4 codes in 4 bytes.
-constexpr int kBf16Word = 4, kCodeWord = 4;
+// Elements per aligned word: 4 bf16 in 8 bytes, 4 codes in 4 bytes, 4 f32 in 16.
+constexpr int kBf16Word = 4, kCodeWord = 4, kF32Vector = 4;
 
 // Rows of `param` start at multiples of `word` elements (strides of the
 // `dims` given, the row dimension 0 starting at 0) of a base aligned to a
@@ -109,8 +109,11 @@ struct DecodeWriteArguments {
 // cache in place, as (codes, scales) views) over s.write: (d, token, request).
 // requests_in_blocks: the schedule may put several requests in a block
 // (clamp_token_and_request).
+// vector_rows: the kernel reads a lane's run of a row as one vector (its
+// rows aligned), so a member chosen by a branch is one load.
 void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, GeneratorOutput<Func> &cache, int P,
-                        const BuildPlan &plan, Arithmetic arithmetic, bool requests_in_blocks = true) {
+                        const BuildPlan &plan, Arithmetic arithmetic, bool requests_in_blocks = true,
+                        bool vector_rows = false) {
     Expr ring = in.tail.dim(1).extent();
     // Ring and cache page both powers of two (the engines' case): every
     // division of the kernel by shifts, in the kernel a schedule specializes
@@ -125,12 +128,15 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
          tail_slots_in = in_batch(index_values(in.tail_slot_mapping)),
          slots_in = in_batch(index_values(in.slot_mapping)), key_in = in_batch(in.key), score_in = in_batch(in.slot_score);
 
-    // Member j of the pool that token t completes sits at position
-    // pos - (P-1) + j, in ring position (pos - (P-1) + j) % RING of t's
-    // tail block: from pos % RING, since P <= RING, one wrap at most.
+    // Member j of the pool [pos - (P-1), pos] that token t completes sits
+    // at position pos - (P-1) + j: as RING % P == 0 (SPEC; the runtime
+    // checks it) and pos % P == P-1, in ring position start + j of t's tail
+    // block, start = pos % RING - (P-1) >= 0. The members are P consecutive
+    // rows of the ring, no wrap. (start is clamped into the ring, so a
+    // token that completes nothing reads in bounds too.)
     DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
-    Expr member_ring_pos = tok.ring_pos + (s.j - (P - 1));
-    member_ring_pos = select(member_ring_pos < 0, member_ring_pos + ring, member_ring_pos);
+    Expr pool_start = clamp(tok.ring_pos - (P - 1), 0, ring - P);
+    Expr member_ring_pos = pool_start + s.j;
 
     // The latest earlier token of this request that stashed into the
     // same ring slot of the same block, or -1: what the ring holds now.
@@ -143,20 +149,32 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     s.ring_writer(s.j, t, b) = -1;
     s.ring_writer(s.j, t, b) = select(same_slot, earlier, s.ring_writer(s.j, t, b));
 
-    TailSlot at = clamp_tail_slot(tok.block, member_ring_pos, ring, in.tail.dim(3).extent());
+    Expr member_block = clamp(tok.block, 0, in.tail.dim(3).extent() - 1);
     Expr writer = s.ring_writer(s.j, t, b);
     Expr stashed = writer >= 0;
     Expr from = clamp(writer, 0, next_n - 1);
     Expr current = s.j == P - 1;
-    auto member = [&](Func input, int half) {
-        Expr own = select(current, input(s.d, t, b), input(s.d, from, b));
-        return bf16_to_f32(select(current || stashed, own, in.tail(s.d, at.ring_pos, half, at.block)));
-    };
-    Func member_key{"member_key"}, member_score{"member_score"};
-    member_key(s.d, s.j, t, b) = member(key_in, 0);
-    member_score(s.d, s.j, t, b) = member(score_in, 1);
     const Arithmetic arith = arithmetic_for(arithmetic, plan.target);
     const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Decode, arith});
+    // A member is this call's input of its token (the current one, or the
+    // earlier one that stashed it) or else the ring's: where the family
+    // branches and a lane's run is one vector, one load of the one source
+    // (element by element, a branch per element costs more than the load).
+    const bool member_branches = decided.member_branches && vector_rows;
+    auto member = [&](Func input, int half) {
+        Expr own = input(s.d, select(current, t, from), b);
+        Expr ring_member = in.tail(s.d, member_ring_pos, half, member_block);
+        Expr from_inputs = current || stashed;
+        return member_branches
+                   ? Internal::Call::make(own.type(), Internal::Call::if_then_else, {from_inputs, own, ring_member},
+                                          Internal::Call::PureIntrinsic)
+                   : select(from_inputs, own, ring_member);
+    };
+    s.member_key_bits(s.d, s.j, t, b) = member(key_in, 0);
+    s.member_score_bits(s.d, s.j, t, b) = member(score_in, 1);
+    Func member_key{"member_key"}, member_score{"member_score"};
+    member_key(s.d, s.j, t, b) = bf16_to_f32(s.member_key_bits(s.d, s.j, t, b));
+    member_score(s.d, s.j, t, b) = bf16_to_f32(s.member_score_bits(s.d, s.j, t, b));
     s.layout = decided.layout;
     s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
                                in.round_scale,
@@ -269,9 +287,10 @@ public:
     GeneratorParam<DecodeLayout> layout{"layout", DecodeLayout::WarpPerToken,
                                         {{"warp_per_token", DecodeLayout::WarpPerToken},
                                          {"warp_per_request", DecodeLayout::WarpPerRequest}}};
-    // Every bf16 row (key, slot_score, the ring) starts 8-byte aligned and
-    // every row of codes 4-byte aligned (the runtime checks before it picks
-    // such a kernel): a lane's 4 elements move as one 8-byte load or 4-byte
+    // Every bf16 row (key, slot_score, the ring) starts 8-byte aligned,
+    // ape is dense from a 16-byte-aligned base and every row of codes
+    // 4-byte aligned (the runtime checks before it picks such a kernel): a
+    // lane's 4 elements move as one 8-byte (16-byte for ape) load or 4-byte
     // store. Without it the kernel takes any strides.
     GeneratorParam<bool> aligned_rows{"aligned_rows", false};
 
@@ -283,7 +302,8 @@ public:
         // A warp per token runs a block per request (schedules/cuda.cpp): its
         // request loop is the grid, never rounded up.
         const bool requests_in_blocks = layout != DecodeLayout::WarpPerToken;
-        define_completions(stages.write, in, cache, pool_size, build_plan(), arithmetic, requests_in_blocks);
+        define_completions(stages.write, in, cache, pool_size, build_plan(), arithmetic, requests_in_blocks,
+                           aligned_rows);
         define_stashes(stages.stashes, tail_out, index_values(in.tail_slot_mapping), in.key, in.slot_score,
                        index_values(in.positions), in.key.dim(1).extent(), in.key.dim(2).extent(),
                        stages.write.pow2_ring_and_page, requests_in_blocks);
@@ -294,6 +314,10 @@ public:
             align_rows(in.tail, {2, 3}, kBf16Word);
             align_rows(tail_out, {2, 3}, kBf16Word);
             align_rows(Func(cache).output_buffers()[0], {2}, kCodeWord);  // (d, token, page): token stride is 128
+            // ape (d, j) dense: a lane's 4 f32 of a slot in one 16-byte load,
+            // every slot's at a constant offset from the first's.
+            align_rows(in.ape, {1}, kF32Vector);
+            in.ape.dim(1).set_stride(kHeadDim);
         }
         stages.aligned_rows = aligned_rows;
     }

@@ -88,6 +88,11 @@ struct ScheduleDecisions {
     // threads) rather than computed for every element and selected (vector
     // CPU code).
     bool exp_branches = false;
+    // Whether decode picks a pool member's source (this call's inputs or
+    // the ring) with a branch, so a member is one load (GPU threads: the
+    // source is the same for a whole warp), rather than a select of both
+    // loads (vector CPU code).
+    bool member_branches = false;
     // How the family encodes e4m3 (sm_90's instruction, or integer bits).
     E4m3Encoder e4m3 = E4m3Encoder::Integer;
     // Tokens per group of the seed copy's RDom (the warps of a GPU block).
@@ -162,6 +167,9 @@ struct DecodeWriteStages {
     RowLayout layout;
     Func ring_writer{"ring_writer"};  // (j, token, request): this call's token that last stashed member j's slot
     RDom earlier;                     // ring_writer's walk over the request's earlier tokens
+    // Pool member j of token t's completion, bf16 bits (d, j, token, request):
+    // this call's key and slot_score of a token or the ring's.
+    Func member_key_bits{"member_key_bits"}, member_score_bits{"member_score_bits"};
     CompressPool compress;
     Func cache;
     RDom write;

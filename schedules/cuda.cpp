@@ -62,10 +62,16 @@ struct CudaPlan : KnobReader {
     int decode_tokens_per_block = knob("decode.tokens_per_block");
     // Decode's warp-per-request layout: requests (warps) per block.
     int decode_requests_per_block = knob("decode.requests_per_block");
-    // A completion pooled in its token's lanes (V elements per lane)
-    // unrolls its slot folds up to this many slots, in either arithmetic:
-    // past it the P x V members' registers spill under the 128-register cap.
+    // A completion pooled in its token's lanes (V elements per lane), in
+    // the triton arithmetic, unrolls its slot folds up to this many slots;
+    // past it each fold runs in groups of this many slots, each group
+    // unrolled (all P x V members at once spill under the 128-register cap).
     int decode_lane_unrolled_slots = knob("decode.lane_unrolled_slots");
+    // The same for the exact arithmetic, whose exps take more registers.
+    int decode_lane_unrolled_exact_slots = knob("decode.lane_unrolled_exact_slots");
+    // A warp per token (any strides, element by element) unrolls its slot
+    // folds up to this many slots, past it loops over the slots.
+    int decode_token_unrolled_slots = knob("decode.token_unrolled_slots");
     int seed_warps_per_block = knob("seed.warps_per_block");    // seed: warps per block (32 tokens each)
     int expand_cols = knob("expand.cols");                      // expand: output columns per thread block
     int expand_and_append_cols = knob("expand.append_cols");    // the same for expand_pools_and_append_tail
@@ -418,9 +424,40 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
 // decode call is latency-bound: every member's loads in flight at once).
 void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token, bool vector_values) {
     compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane));
-    const bool unroll_slots = pool_size(s) <= plan.decode_lane_unrolled_slots;
+    SoftmaxPool &p = s.compress.pool;
+    const bool triton = p.arithmetic == Arithmetic::Triton;
+    const int group = !vector_values ? plan.decode_token_unrolled_slots
+                      : triton       ? plan.decode_lane_unrolled_slots
+                                     : plan.decode_lane_unrolled_exact_slots;
+    const bool unroll_slots = pool_size(s) <= group;
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, token), unroll_slots,
                          /*conditions=*/nullptr, vector_values);
+    if (!vector_values) {
+        return;  // element by element (any strides): past `group`, slot loops
+    }
+    if (unroll_slots && triton) {
+        // Every member's loads first, all in flight at once: each slot's
+        // logits (its score member + ape, 8 + 16 bytes a lane) and its key
+        // member (8 bytes), in the lane's registers for both folds. (The
+        // exact arithmetic's exps need those registers: there the loads
+        // stay inside the unrolled folds.)
+        for (Func f : {p.logit, s.member_key_bits}) {
+            f.compute_at(s.compress.pooled_bf16, s.lane).store_in(MemoryType::Register).unroll(s.j).vectorize(s.d);
+        }
+    } else if (!unroll_slots) {
+        // Past `group` slots, each fold runs over groups of `group` slots,
+        // each group unrolled: a group's member loads are in flight
+        // together (a latency per group and fold, not per slot).
+        RVar later_group{"later_slot_group"}, later_in{"later_slot_in_group"};
+        RVar slot_group{"slot_group"}, slot_in{"slot_in_group"};
+        if (p.max_logit.has_update_definition()) {
+            p.max_logit.update(0)
+                .split(p.later_slot.x, later_group, later_in, group, TailStrategy::GuardWithIf)
+                .unroll(later_in);
+        }
+        p.weighted_sum.update(0).split(p.slot.x, slot_group, slot_in, group).unroll(slot_in);
+        p.weight.compute_at(p.weighted_sum, slot_in);
+    }
 }
 
 // CUDA runs decode as one kernel, kpool_decode_update (below); the two-kernel
@@ -453,22 +490,34 @@ void schedule_decode_write(DecodeWriteStages &, const BuildPlan &) {
 //
 // Static figures, sm90 (ptxas -arch=sm_90 --maxrregcount 128, the runtime's
 // JIT cap; cuobjdump -sass): registers, spilled bytes and SASS instructions
-// of the power-of-two / general kernel; global memory instructions by bytes.
+// of the power-of-two / general kernel; global memory instructions by bytes
+// (power-of-two kernel; 4-byte loads are the per-token indices and the
+// unrolled walks over earlier tokens). The knobs of sm90.knobs: a request
+// per block, triton slot groups of 8, exact groups of 4.
 //   warp per request (aligned rows)   regs     spill  SASS       loads               stores
-//   P=4  exact                        128/128  0/0    2848/2696  16Bx1 8Bx16 4Bx51   8Bx2 4Bx2
-//   P=4  triton                        99/90   0/0    1536/1360  16Bx1 8Bx16 4Bx51   8Bx2 4Bx2
-//   P=16 exact                        122/128  0/0    1768/1840  16Bx1 8Bx12 4Bx33   8Bx2 4Bx2
-//   P=16 triton                       106/111  0/0    1360/1368  16Bx1 8Bx12 4Bx33   8Bx2 4Bx2
+//   P=4  exact                        122/124  0/0    3332/3112  16Bx4 8Bx13 4Bx37   8Bx2 4Bx2
+//   P=4  triton                        72/80   0/0    1257/1028  16Bx4 8Bx10 4Bx37   8Bx2 4Bx2
+//   P=8  exact                        124/125  0/0    3362/3357  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
+//   P=8  triton                       111/128  0/0    1791/1443  16Bx8 8Bx18 4Bx37   8Bx2 4Bx2
+//   P=16 exact                        118/128  0/0    3350/3443  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
+//   P=16 triton                       123/128  0/0    2077/2060  16Bx24 8Bx34 4Bx23  8Bx2 4Bx2
 //   warp per token (any strides)
-//   P=4  exact                        128/128  0/0    1712/1520  4Bx43 2Bx22         4Bx1 2Bx8 1Bx4
-//   P=4  triton                       128/108  0/0    1520/1352  4Bx55 2Bx64         4Bx1 2Bx8 1Bx4
-//   P=16 exact                        127/128  0/8    1328/1352  4Bx28 2Bx18         4Bx1 2Bx8 1Bx4
-//   P=16 triton                       128/128  0/0    1312/1328  4Bx37 2Bx48         4Bx1 2Bx8 1Bx4
+//   P=4  exact                        124/128  0/0    1686/1482  4Bx43 2Bx22         4Bx1 2Bx8 1Bx4
+//   P=4  triton                       122/106  0/0    1465/1287  4Bx55 2Bx64         4Bx1 2Bx8 1Bx4
+//   P=16 exact                        124/128  0/8    1277/1290  4Bx28 2Bx16         4Bx1 2Bx8 1Bx4
+//   P=16 triton                       126/128  0/0    1289/1298  4Bx37 2Bx40         4Bx1 2Bx8 1Bx4
+// A warp per request's members: 8 bytes of key and of score (one load each,
+// from this call's inputs or the ring, a uniform branch), 16 of ape, per
+// slot; at P=16 two groups of 8 slots (triton) or four of 4 (exact), each
+// group's loads in flight together, per fold (before: 15 + 16 iterations of
+// one slot each, every member read from both sources, 106-128 registers,
+// 1334-1370 (triton) and 1928-1995 (exact) SASS, 16Bx1 8Bx12 4Bx19-33; four
+// requests per block). Triton groups of 4 and exact groups of 2 (the knobs'
+// other values): P=16 1550/1620 and 2188/2199 SASS, no spills.
 // The one kernel before both layouts (block per request, no specialization):
 // P=4 exact/triton 128/120 registers, 4/0 B spilled, 1912/1712 SASS; P=16
 // 128/128 registers, 204/452 B spilled, 4096/3280 SASS; loads 2Bx22-256,
-// stores 2Bx8 1Bx4. (The 4-byte loads are the per-token indices: the walks
-// over earlier tokens, unrolled in the power-of-two kernel.)
+// stores 2Bx8 1Bx4.
 void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     const CudaPlan plan = plan_for(build);
     DecodeWriteStages &w = s.write;

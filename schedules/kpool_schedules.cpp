@@ -15,6 +15,7 @@ ScheduleDecisions schedule_decisions(const BuildPlan &plan, const KernelAsked &k
         d.layout = cuda || !plan.gpu.empty() ? cuda::row_layout(plan, kernel) : cpu::row_layout(plan, kernel);
     }
     d.exp_branches = cuda;
+    d.member_branches = cuda;
     d.e4m3 = cuda ? cuda::e4m3_encoder(plan) : E4m3Encoder::Integer;
     d.seed_group_size = cuda ? cuda::seed_group_size(plan) : 1;
     return d;

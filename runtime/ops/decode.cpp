@@ -112,10 +112,11 @@ int64_t decode_update_and_maybe_write_cache_batched(
                                                   cache.scales.raw_buffer(), where.attach(t_out).raw_buffer());
         };
         // The warp-per-request kernel is built for aligned rows (8-byte words
-        // of bf16 in, 4-byte words of codes out; torch's tensors are); the
-        // warp-per-token one takes any strides.
+        // of bf16 and a dense, 16-byte-aligned ape in, 4-byte words of codes
+        // out; torch's tensors are); the warp-per-token one takes any strides.
         const bool aligned = rows_aligned(key, 8, {0, 1}) && rows_aligned(score, 8, {0, 1}) &&
-                             rows_aligned(tail, 8, {0, 1}) && rows_aligned(kv_cache, 4, {0});
+                             rows_aligned(tail, 8, {0, 1}) && rows_aligned(ape, 16, {0}) && ape.stride(0) == KPOOL_HEAD_DIM &&
+                             rows_aligned(kv_cache, 4, {0});
         const Kernel layout = decode_update_layout(where.family(), pool_size, key.dim(1));
         if (layout == Kernel::DECODE_UPDATE_BY_REQUEST && aligned &&
             where.has_kernel(Kernel::DECODE_UPDATE_BY_REQUEST, pool_size, indices)) {
