@@ -79,7 +79,8 @@ TEST_F(GpuLarge, CompressInputsPast2GiB) {
 // at their edges, and no other byte of the cache moves (all of it is
 // compared). In the reference's arithmetic (CUDA only; the words kernel for
 // compress), the rows written into the large cache are those written into
-// a small one. Skips without 2.3 GB of free GPU memory.
+// a small one. Decode runs captured in a CUDA graph. Skips without 2.3 GB
+// of free GPU memory.
 TEST_F(GpuLarge, KCacheOver2GiB) {
     const int P = 16;
     const int64_t block_size = 64, blocks = 260'000, slots = blocks * block_size, page_bytes = block_size * kRowBytes;
@@ -145,13 +146,34 @@ TEST_F(GpuLarge, KCacheOver2GiB) {
     fill_normal(tail0, tail_rng);
     Mirrored tail(gpu(), tail0), tsm(gpu(), d.tail_slot_mapping), key(gpu(), d.key), score(gpu(), d.slot_score),
         dape(gpu(), d.ape), sm(gpu(), d.slot_mapping), pos(gpu(), d.positions);
-    run_both(
-        [&](Side side, const kpool_exec *ex, kpool_status *st) {
-            return kpool_decode_update_and_maybe_write_cache_batched(cache->on(side), tail.on(side), tsm.on(side),
-                                                                     key.on(side), score.on(side), dape.on(side),
-                                                                     sm.on(side), pos.on(side), P, kD, 1, ex, st);
-        },
-        {{"kv_cache", cache.get()}, {"tail_kv_cache", &tail}});
+    auto decode = [&](Side side, const kpool_exec *ex, kpool_status *st) {
+        return kpool_decode_update_and_maybe_write_cache_batched(cache->on(side), tail.on(side), tsm.on(side),
+                                                                 key.on(side), score.on(side), dape.on(side),
+                                                                 sm.on(side), pos.on(side), P, kD, 1, ex, st);
+    };
+    // On the GPU captured in a CUDA graph (the warm-up loaded the modules
+    // of every kernel, the completions of a cache in windows too): its
+    // launches, a completions kernel per window then the stashes, neither
+    // sync nor allocate.
+    kpool_status st{};
+    cu::Stream stream;
+    const kpool_exec exec = stream.exec();  // the exact arithmetic, as the CPU's
+    ASSERT_KPOOL_OK(kpool_cuda_warm_up(0, &exec, &st), st);
+    stream.synchronize();
+    cu::Graph graph;
+    graph.begin_capture(stream);
+    const kpool_status_code rc = decode(Side::Gpu, &exec, &st);
+    graph.end_capture(stream);
+    ASSERT_KPOOL_OK(rc, st);
+    graph.instantiate();
+    graph.launch(stream);
+    cache->download_async(stream);
+    tail.download_async(stream);
+    stream.synchronize();
+    const kpool_exec cpu_exec{nullptr, KPOOL_ARITHMETIC_EXACT};
+    ASSERT_KPOOL_OK(decode(Side::Cpu, &cpu_exec, &st), st);
+    EXPECT_TRUE(cache->matches_cpu("kv_cache (decode)"));
+    EXPECT_TRUE(tail.matches_cpu("tail_kv_cache"));
 
     // The reference's arithmetic: the large cache's rows against a small
     // cache's (one window), pool i at slot i there.
@@ -160,7 +182,6 @@ TEST_F(GpuLarge, KCacheOver2GiB) {
     const int64_t small_blocks = (n + block_size - 1) / block_size;
     Mirrored small(gpu(), make_kv_cache(small_blocks, block_size, false)), small_locs(gpu(), small_loc);
     const kpool_exec triton{nullptr, KPOOL_ARITHMETIC_TRITON};
-    kpool_status st{};
     ASSERT_EQ(kpool_compress_and_write_cache(cache->on(Side::Gpu), slot_k.on(Side::Gpu), slot_score.on(Side::Gpu),
                                              ape.on(Side::Gpu), loc.on(Side::Gpu), nullptr, nullptr, nullptr, P, kD,
                                              1, 1, &triton, &st),
@@ -173,11 +194,11 @@ TEST_F(GpuLarge, KCacheOver2GiB) {
         << st.message;
     cache->download();
     small.download();
-    auto row = [&](const std::vector<uint8_t> &bytes, int64_t slot) {
-        const int64_t page = slot / block_size, token = slot % block_size;
-        const uint8_t *at = bytes.data() + page * page_bytes;
-        std::vector<uint8_t> out(at + token * kD, at + token * kD + kD);
-        out.insert(out.end(), at + block_size * kD + token * 4, at + block_size * kD + token * 4 + 4);
+    auto row = [&](const std::vector<uint8_t> &bytes, int64_t slot) {  // 128 codes, then the 4 scale bytes
+        const int64_t page = (slot / block_size) * page_bytes, token = slot % block_size;
+        std::vector<uint8_t> out(kRowBytes);
+        for (int64_t i = 0; i < kD; i++) out[i] = bytes.at(page + token * kD + i);
+        for (int64_t i = 0; i < 4; i++) out[kD + i] = bytes.at(page + block_size * kD + token * 4 + i);
         return out;
     };
     for (int64_t i = 0; i + 1 < n; i++) {
