@@ -264,9 +264,13 @@ Expr Divisor::mod(Expr x) const {
     return cast<int32_t>(select(is_pow2, u & (cast<uint32_t>(n) - 1), u % cast<uint32_t>(n)));
 }
 
-CacheSlot cache_slot(Expr loc, const Divisor &page, Expr num_pages) {
+CacheSlot cache_slot(Expr loc, const Divisor &page, Expr first_page, Expr num_pages) {
     Expr p = page.div(loc), t = page.mod(loc);
-    Expr page_index = cast<int32_t>(clamp(p, 0, cast(p.type(), num_pages) - 1));
+    // The page is written relative to the views' first page (first_page +
+    // a clamped offset): Halide then folds the views' base offset into it,
+    // and every offset the kernel computes stays inside the window.
+    Expr page_in_window = clamp(p - cast(p.type(), first_page), 0, cast(p.type(), num_pages) - 1);
+    Expr page_index = first_page + cast<int32_t>(page_in_window);
     Expr token = cast<int32_t>(clamp(t, 0, cast(t.type(), page.n) - 1));
     return {page_index, token};
 }
@@ -274,10 +278,24 @@ CacheSlot cache_slot(Expr loc, const Divisor &page, Expr num_pages) {
 void write_cache_rows(Func cache, RDom &write, const std::vector<Expr> &row, Expr loc, Expr writes,
                       const Fp8Row &quant, const Divisor &page) {
     std::vector<OutputImageParam> views = cache.output_buffers();
-    Expr num_pages = views[0].dim(2).extent();
-    Expr slots = cast<int64_t>(page.n) * cast<int64_t>(num_pages);
-    write.where(writes && loc >= 0 && cast<int64_t>(loc) < slots);
-    CacheSlot slot = cache_slot(loc, page, num_pages);
+    // The views hold pages [first_page, first_page + num_pages): the whole
+    // cache, or one window of it where the runtime launches a cache larger
+    // than the kernels' 32-bit offsets in windows (a slot outside is
+    // another launch's).
+    // The window's slots, [first_slot, last_slot]: loop invariants, so the
+    // check costs two comparisons (no division where the pages are no power
+    // of two), in loc's width (an int32 loc compares with the bounds
+    // saturated to int32: the same answer).
+    Expr first_page = views[0].dim(2).min(), num_pages = views[0].dim(2).extent();
+    Expr first_slot = cast<int64_t>(page.n) * cast<int64_t>(first_page);
+    Expr last_slot = first_slot + cast<int64_t>(page.n) * cast<int64_t>(num_pages) - 1;
+    if (loc.type().bits() <= 32) {
+        loc = cast<int32_t>(loc);
+        first_slot = saturating_cast<int32_t>(first_slot);
+        last_slot = saturating_cast<int32_t>(last_slot);
+    }
+    write.where(writes && loc >= 0 && loc >= first_slot && loc <= last_slot);
+    CacheSlot slot = cache_slot(loc, page, first_page, num_pages);
     Expr d = write.x;
     std::vector<Expr> at{d};
     at.insert(at.end(), row.begin(), row.end());
@@ -286,10 +304,10 @@ void write_cache_rows(Func cache, RDom &write, const std::vector<Expr> &row, Exp
 }
 
 void constrain_cache_views(std::vector<OutputImageParam> &views) {
-    // The scales view shares the codes view's bounds (Halide makes it so).
+    // The scales view shares the codes view's bounds (Halide makes it so);
+    // the pages' min is the window's first page (write_cache_rows).
     views[0].dim(0).set_bounds(0, kHeadDim);
     views[0].dim(1).set_min(0).set_stride(kHeadDim);
-    views[0].dim(2).set_min(0);
     views[1].dim(0).set_stride(0);
     views[1].dim(1).set_stride(1);
 }

@@ -152,8 +152,9 @@ struct CacheSlot {
     Expr page;   // int32
     Expr token;  // int32, slot inside the page
 };
-// loc >= 0 is a flat slot; the clamps only bound the compiler's view.
-CacheSlot cache_slot(Expr loc, const Divisor &page, Expr num_pages);
+// loc >= 0 is a flat slot, in pages [first_page, first_page + num_pages)
+// where used; the clamps only bound the compiler's view.
+CacheSlot cache_slot(Expr loc, const Divisor &page, Expr first_page, Expr num_pages);
 // The views' shape: 128 codes per slot, one scale per slot broadcast over d.
 void constrain_cache_views(std::vector<Halide::OutputImageParam> &views);
 // A (codes, scale) row output's views (fwht's rows, compress's returned
@@ -163,9 +164,11 @@ void constrain_cache_views(std::vector<Halide::OutputImageParam> &views);
 void constrain_row_views(std::vector<Halide::OutputImageParam> views, int extent);
 // The cache-row write of compress and decode: over `write`, whose first
 // variable is d and the rest a row's coordinates `row`, row `row` of `quant`
-// is written to flat cache slot `loc` where `writes` holds. A slot outside
-// the cache writes nothing (device-side indices are not checked on the host;
-// the index check marks them). `cache` is the (codes, scales) Tuple output,
+// is written to flat cache slot `loc` where `writes` holds. The views hold
+// pages [min, min + extent) of dim 2: the whole cache (min 0), or a window
+// of it (runtime/placement.h, cache_windows); a slot outside them writes
+// nothing (device-side indices are not checked on the host; the index check
+// marks the ones outside the cache). `cache` is the (codes, scales) Tuple output,
 // its pure definition undef (only the written rows change); `page` divides
 // loc by the page size (views[0].dim(1).extent()).
 void write_cache_rows(Func cache, Halide::RDom &write, const std::vector<Expr> &row, Expr loc, Expr writes,

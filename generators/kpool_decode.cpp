@@ -1,7 +1,8 @@
 // kpool_decode_update_and_maybe_write_cache_batched. On CUDA one kernel,
 // kpool_decode_update (a block of requests, one or a warp each: their
 // completions, one barrier, then their stashes; schedules/cuda.cpp); on the
-// CPU two, which the runtime runs in order:
+// CPU, and on CUDA for a K cache launched in windows of pages, two, which
+// the runtime runs in order (the first once per window):
 //   kpool_decode_write_cache: every completing token's pool, compressed and
 //     written at slot_mapping. A pool member stashed earlier in the same call
 //     comes from that token's inputs, otherwise from the ring as it was

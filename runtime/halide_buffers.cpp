@@ -42,19 +42,24 @@ HalideBuffer wrap(const TensorArg &a) {
     return make(element_type(a.t->dtype), a.t->data, dims);
 }
 
-CacheViews wrap_kv_cache(const TensorArg &kv_cache) {
-    const int32_t block_size = i32(kv_cache.dim(1)), pages = i32(kv_cache.dim(0));
+CacheViews wrap_kv_cache(const TensorArg &kv_cache, RowRange pages) {
+    const int32_t block_size = i32(kv_cache.dim(1));
     const int32_t page_stride = i32(kv_cache.dim(0) > 1 ? kv_cache.stride(0) : kv_cache.dim(1) * KPOOL_CACHE_ROW_BYTES);
-    uint8_t *base = static_cast<uint8_t *>(kv_cache.t->data);
+    // Both views start at the window's first page, whose index is their
+    // min: the kernels' offsets are relative to it.
+    uint8_t *first = static_cast<uint8_t *>(kv_cache.t->data) + pages.begin * page_stride;
+    const halide_dimension_t window(i32(pages.begin), i32(pages.count), page_stride);
     CacheViews v;
-    v.codes = make(halide_type_of<uint8_t>(), base,
+    v.codes = make(halide_type_of<uint8_t>(), first,
                    {halide_dimension_t(0, KPOOL_HEAD_DIM, 1), halide_dimension_t(0, block_size, KPOOL_HEAD_DIM),
-                    halide_dimension_t(0, pages, page_stride)});
-    v.scales = make(halide_type_of<float>(), base + int64_t(block_size) * KPOOL_HEAD_DIM,
+                    window});
+    v.scales = make(halide_type_of<float>(), first + int64_t(block_size) * KPOOL_HEAD_DIM,
                     {halide_dimension_t(0, KPOOL_HEAD_DIM, 0), halide_dimension_t(0, block_size, 1),
-                     halide_dimension_t(0, pages, page_stride / 4)});
+                     halide_dimension_t(window.min, window.extent, page_stride / 4)});
     return v;
 }
+
+CacheViews wrap_kv_cache(const TensorArg &kv_cache) { return wrap_kv_cache(kv_cache, {0, kv_cache.dim(0)}); }
 
 bool rows_aligned(const TensorArg &a, int64_t bytes, std::initializer_list<int> row_dims) {
     bool aligned = reinterpret_cast<uintptr_t>(a.t->data) % bytes == 0;

@@ -17,12 +17,22 @@ using HalideBuffer = Halide::Runtime::Buffer<void>;
 // (bf16 as uint16, e4m3 and bool as uint8).
 HalideBuffer wrap(const TensorArg &a);
 
+// Rows [begin, begin + count) of dim 0 of a tensor (of a row-wise op, or a
+// K cache's pages): one launch's share.
+struct RowRange {
+    int64_t begin, count;
+};
+
 // The K cache as the kernels see it: two views of the same pages,
 // codes (d, token, page) and f32 scales (d, token, page) with d stride 0,
-// starting block_size * 128 bytes into each page (the planar layout).
+// starting block_size * 128 bytes into each page (the planar layout). Of
+// pages [pages.begin, pages.begin + pages.count) (a window of a launch split
+// by pages; placement.h, cache_windows), or all of them: each view starts
+// at the window's first page, its page index the min of its dim 2.
 struct CacheViews {
     HalideBuffer codes, scales;
 };
+CacheViews wrap_kv_cache(const TensorArg &kv_cache, RowRange pages);
 CacheViews wrap_kv_cache(const TensorArg &kv_cache);
 
 // Whether every row of `a` (its innermost dimension) starts on a multiple of

@@ -35,12 +35,15 @@ std::vector<RowRange> split_rows(int64_t rows, const std::vector<const TensorArg
         if (step <= 0) {
             continue;  // rows that share memory span one row
         }
-        if (row_span > max_span) {
-            throw unsupported() << a->name << " has rows of " << row_span << " bytes; a launch spans at most "
-                                << max_span;
+        // The last row of a range ends at the larger of its span and the
+        // step: Halide checks extent * stride of each dimension too.
+        const int64_t last_row = std::max(row_span, step);
+        if (last_row > max_span) {
+            throw unsupported() << a->name << " has rows (dim 0) of " << last_row
+                                << " bytes; a launch spans at most " << max_span;
         }
-        // (count - 1) * step + row_span <= max_span
-        per_range = std::min(per_range, (max_span - row_span) / step + 1);
+        // (count - 1) * step + last_row <= max_span
+        per_range = std::min(per_range, (max_span - last_row) / step + 1);
     }
     std::vector<RowRange> ranges;
     for (int64_t begin = 0; begin < rows; begin += per_range) {
@@ -56,11 +59,25 @@ kpool_tensor row_slice(const TensorArg &a, RowRange r) {
     return t;
 }
 
+namespace {
+
+// 0: the device's limit, and one launch on the host (64-bit offsets).
+thread_local int64_t launch_span_on_this_thread = 0;
+
+}  // namespace
+
+ScopedLaunchSpan::ScopedLaunchSpan(int64_t max_span) : previous_(launch_span_on_this_thread) {
+    launch_span_on_this_thread = max_span;
+}
+
+ScopedLaunchSpan::~ScopedLaunchSpan() { launch_span_on_this_thread = previous_; }
+
 std::vector<RowRange> Placement::row_ranges(int64_t rows, const std::vector<const TensorArg *> &split) const {
+    const int64_t span = launch_span_on_this_thread;
     if (on_host()) {
-        return {{0, rows}};
+        return span > 0 ? split_rows(rows, split, span) : std::vector<RowRange>{{0, rows}};
     }
-    return split_rows(rows, split, kCudaMaxSpanBytes);
+    return split_rows(rows, split, span > 0 ? std::min(span, kCudaMaxSpanBytes) : kCudaMaxSpanBytes);
 }
 
 Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec,

@@ -19,11 +19,6 @@ void require_index_errors_aligned(const int32_t *index_errors);
 // spans at most this many bytes.
 constexpr int64_t kCudaMaxSpanBytes = std::numeric_limits<int32_t>::max();
 
-// Rows [begin, begin + count) of a row-wise op: one launch's share.
-struct RowRange {
-    int64_t begin, count;
-};
-
 // Consecutive ranges covering `rows` rows, in order, such that each of
 // `tensors` (whose dim 0 is those rows) spans at most `max_span` bytes over
 // every range: as few launches as the widest tensor allows (one when all
@@ -33,11 +28,29 @@ std::vector<RowRange> split_rows(int64_t rows, const std::vector<const TensorArg
 // `a`'s rows [r.begin, r.begin + r.count) of dim 0: the same memory and strides.
 kpool_tensor row_slice(const TensorArg &a, RowRange r);
 
+// While one lives, the calls of its thread split their launches as a
+// device does past its 32-bit offsets, at `max_span` bytes a buffer (or the
+// device's limit where that is lower), on the host too: the tests compare
+// split launches with one on the CPU, and the CUDA warm-up runs the kernels
+// that only split calls launch. Without one: the device's limit, and one
+// launch on the host.
+class ScopedLaunchSpan {
+public:
+    explicit ScopedLaunchSpan(int64_t max_span);
+    ~ScopedLaunchSpan();
+    ScopedLaunchSpan(const ScopedLaunchSpan &) = delete;
+    ScopedLaunchSpan &operator=(const ScopedLaunchSpan &) = delete;
+
+private:
+    int64_t previous_;
+};
+
 class Placement {
 public:
     // All tensors on one device; exec's stream for CUDA and its arithmetic.
     // On CUDA each must span at most kCudaMaxSpanBytes, except those in
-    // `split`: the op launches them in row_ranges() (dim 0).
+    // `split`: the op launches them in row_ranges() of dim 0 (a K cache's
+    // pages: cache_windows()).
     Placement(const std::vector<const TensorArg *> &args, const kpool_exec *exec,
               const std::vector<const TensorArg *> &split = {});
 
@@ -47,6 +60,12 @@ public:
     // split_rows' ranges on a device. Launched in order on one stream, the
     // ranges give the bytes of one launch: rows are independent.
     std::vector<RowRange> row_ranges(int64_t rows, const std::vector<const TensorArg *> &split) const;
+    // The windows of pages a K cache (given in `split`) is launched in: the
+    // kernels write the slots of their window's pages (wrap_kv_cache), so
+    // a call launches once per window, each slot in exactly one.
+    std::vector<RowRange> cache_windows(const TensorArg &kv_cache) const {
+        return row_ranges(kv_cache.dim(0), {&kv_cache});
+    }
     // For the ops with a softmax pool: the triton arithmetic's instructions
     // exist on CUDA only (checked before anything runs, empty calls too).
     void require_pool_arithmetic() const;

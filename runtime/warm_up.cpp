@@ -101,9 +101,12 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
     case Kernel::DECODE_UPDATE_BY_REQUEST: {
         // At least two tokens, so every token loop runs; 64 tokens of one
         // request take the warp-per-token layout where the family runs it
-        // (decode.cpp); without a K cache a call only stashes (decode_stash_tail).
+        // (decode.cpp); without a K cache a call only stashes (decode_stash_tail);
+        // a cache of two pages launched a page at a time takes the
+        // completions kernel of a cache in windows (decode_write_cache).
         const int64_t N = v.kind == Kernel::DECODE_UPDATE ? 64 : 2;
-        const int64_t blocks = v.kind == Kernel::DECODE_STASH_TAIL ? 0 : 1;
+        const int64_t blocks = v.kind == Kernel::DECODE_STASH_TAIL ? 0 : v.kind == Kernel::DECODE_WRITE_CACHE ? 2 : 1;
+        const ScopedLaunchSpan span(v.kind == Kernel::DECODE_WRITE_CACHE ? KPOOL_CACHE_ROW_BYTES : 0);
         const kpool_dtype index = index_dtype(v.type);
         const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {blocks, 1, KPOOL_CACHE_ROW_BYTES}),
                            tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}), tsm = tensor(index, {1, N}),

@@ -460,11 +460,63 @@ void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token
     }
 }
 
-// CUDA runs decode as one kernel, kpool_decode_update (below); the two-kernel
-// form is the CPU's.
-void schedule_decode_write(DecodeWriteStages &, const BuildPlan &) {
-    throw CompileError("CUDA runs decode as kpool_decode_update; kpool_decode_write_cache is built for the CPU only");
+namespace {
+
+// The completions of a decode kernel, in either layout: requests in grid x
+// (RVar "request_block", where the stashes fuse), their pools in the lanes
+// of a warp (or, exact arithmetic per token, an element per thread).
+Stage schedule_completions(DecodeWriteStages &w, const CudaPlan &plan, bool per_request, bool aligned_rows) {
+    const bool per_element =
+        !per_request && plan.decode_exact_pool_per_element && w.compress.pool.arithmetic == Arithmetic::Exact;
+    const int requests = per_request ? plan.decode_requests_per_block : 1;
+    RVar lane{"write_lane"}, v{"write_v"}, chunk{"token_chunk"}, token{"write_token"};
+    RVar request_block{"request_block"}, request{"request"};
+    pure_stage_on_gpu(w.cache);
+    Stage completions = w.cache.update(0);
+    completions.allow_race_conditions()
+        .split(w.write.x, lane, v, w.layout.values_per_lane)
+        .split(w.write.z, request_block, request, requests, TailStrategy::GuardWithIf);
+    if (per_request) {
+        completions.reorder(v, lane, w.write.y, request, request_block)
+            .gpu_blocks(request_block)
+            .gpu_threads(request)
+            .gpu_lanes(lane);
+        if (aligned_rows) {
+            completions.vectorize(v);  // a lane's 4 codes: one 4-byte store
+        } else {
+            completions.unroll(v);
+        }
+        pool_in_lanes(w, plan, w.write.y, aligned_rows);
+    } else {
+        completions
+            .split(w.write.y, chunk, token, per_element ? 1 : plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
+            .reorder(v, lane, token, chunk, request, request_block)
+            .gpu_blocks(request_block)
+            .gpu_lanes(lane)
+            .unroll(v);
+        if (per_element) {
+            pool_per_element(w, plan, token);
+        } else {
+            completions.gpu_threads(token);
+            pool_in_lanes(w, plan, token, false);
+        }
+    }
+    return completions;
 }
+
+}  // namespace
+
+// Completions only: a K cache past the kernels' 32-bit offsets is launched
+// in windows of pages (runtime/ops/decode.cpp), each window's completions a
+// launch of this kernel, then the stashes once (kpool_decode_stash_tail):
+// the warp-per-token layout's completions.
+void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
+    schedule_completions(s, plan_for(build), false, false).specialize(s.pow2_ring_and_page);
+}
+
+// CUDA runs decode as one kernel, kpool_decode_update (below), except where
+// the K cache is launched in windows: then as the CPU does, completions
+// (kpool_decode_write_cache, a launch per window) and stashes.
 
 // One launch per decode call, in one of two layouts (DecodeLayout; the
 // runtime picks per call, runtime/ops/decode.cpp):
@@ -523,41 +575,9 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     DecodeWriteStages &w = s.write;
     DecodeStashStages &st = s.stashes;
     const bool per_request = s.layout == DecodeLayout::WarpPerRequest;
-    const bool per_element =
-        !per_request && plan.decode_exact_pool_per_element && w.compress.pool.arithmetic == Arithmetic::Exact;
     const int requests = per_request ? plan.decode_requests_per_block : 1;
-    RVar lane{"write_lane"}, v{"write_v"}, chunk{"token_chunk"}, token{"write_token"};
-    RVar request_block{"request_block"}, request{"request"};
-    pure_stage_on_gpu(w.cache);
-    Stage completions = w.cache.update(0);
-    completions.allow_race_conditions()
-        .split(w.write.x, lane, v, w.layout.values_per_lane)
-        .split(w.write.z, request_block, request, requests, TailStrategy::GuardWithIf);
-    if (per_request) {
-        completions.reorder(v, lane, w.write.y, request, request_block)
-            .gpu_blocks(request_block)
-            .gpu_threads(request)
-            .gpu_lanes(lane);
-        if (s.aligned_rows) {
-            completions.vectorize(v);  // a lane's 4 codes: one 4-byte store
-        } else {
-            completions.unroll(v);
-        }
-        pool_in_lanes(w, plan, w.write.y, s.aligned_rows);
-    } else {
-        completions
-            .split(w.write.y, chunk, token, per_element ? 1 : plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
-            .reorder(v, lane, token, chunk, request, request_block)
-            .gpu_blocks(request_block)
-            .gpu_lanes(lane)
-            .unroll(v);
-        if (per_element) {
-            pool_per_element(w, plan, token);
-        } else {
-            completions.gpu_threads(token);
-            pool_in_lanes(w, plan, token, false);
-        }
-    }
+    RVar request_block{"request_block"};
+    Stage completions = schedule_completions(w, plan, per_request, s.aligned_rows);
     RVar stash_lane{"stash_lane"}, stash_v{"stash_v"}, stash_chunk{"stash_chunk"}, stash_token{"stash_token"};
     RVar stash_request{"stash_request"};
     pure_stage_on_gpu(st.tail);

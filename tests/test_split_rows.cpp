@@ -62,6 +62,19 @@ TEST(SplitRows, FwhtPastTheReferencesLimit) {
     expect_plan(ranges, rows, {&a, &b, &c}, kCudaMaxSpanBytes);
 }
 
+TEST(SplitRows, KCacheOfTwentyMillionSlots) {
+    // 20M slots in pages of 64 (8448 bytes each), 2.64 GB: two windows of
+    // pages, each under 2^31 bytes, also as Halide checks it (pages x stride).
+    const int64_t pages = 20'000'000 / 64, page_bytes = 64 * 132;
+    kpool_tensor cache = rows_of(KPOOL_DTYPE_UINT8, pages, page_bytes, page_bytes);
+    const TensorArg a{"kv_cache", &cache};
+    const auto windows = split_rows(pages, {&a}, kCudaMaxSpanBytes);
+    ASSERT_EQ(windows.size(), 2u);
+    EXPECT_EQ(windows[0].count, kCudaMaxSpanBytes / page_bytes);
+    EXPECT_LE(windows[0].count * page_bytes, kCudaMaxSpanBytes);
+    expect_plan(windows, pages, {&a}, kCudaMaxSpanBytes);
+}
+
 TEST(SplitRows, FitsInOneRange) {
     const kpool_tensor q = rows_of(KPOOL_DTYPE_BFLOAT16, 8'000'000, 128, 128);
     const TensorArg a{"q", &q};

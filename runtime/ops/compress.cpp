@@ -68,22 +68,27 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
     }
     TensorArg kv_cache{};
     // Per pool: on a device, tensors past the kernels' 32-bit offsets run
-    // in ranges of pools, one launch each (the cache is addressed by loc).
+    // in ranges of pools, one launch each; a K cache past them, in windows
+    // of its pages, each range's pools launched once per window (a pool
+    // writes in the window that holds its loc).
     std::vector<const TensorArg *> per_pool{&slot_k, &slot_score, &loc};
-    std::vector<const TensorArg *> args{&slot_k, &slot_score, &ape, &loc};
+    std::vector<const TensorArg *> args{&slot_k, &slot_score, &ape, &loc}, split = per_pool;
     if (write_cache) {
         kv_cache = require_kv_cache(kv_cache_);
         args.push_back(&kv_cache);
+        split.push_back(&kv_cache);
     }
     if (mask) {
         args.push_back(mask);
         per_pool.push_back(mask);
+        split.push_back(mask);
     }
     if (return_compressed) {
         args.insert(args.end(), {&compressed_k, &compressed_scale});
         per_pool.insert(per_pool.end(), {&compressed_k, &compressed_scale});
+        split.insert(split.end(), {&compressed_k, &compressed_scale});
     }
-    Placement where(args, exec, per_pool);
+    Placement where(args, exec, split);
     where.require_pool_arithmetic();
     if (write_cache && where.on_host()) {
         require_locs_in_cache(loc, kv_cache, mask);
@@ -105,6 +110,7 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
     // stride keeps it so, which the kernel's stride check covers.)
     const bool aligned_data =
         rows_aligned(slot_k, 16, {}) && rows_aligned(slot_score, 16, {}) && rows_aligned(ape, 16, {});
+    const std::vector<RowRange> windows = write_cache ? where.cache_windows(kv_cache) : std::vector<RowRange>{};
     for (RowRange r : where.row_ranges(n, per_pool)) {
         // The range's pools (views of the same memory).
         auto pools = [r](const TensorArg &a, kpool_tensor &slice) {
@@ -142,18 +148,21 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
             if (mask) {
                 where.attach(flags);
             }
-            CacheViews cache = wrap_kv_cache(kv_cache);
-            where.attach(locs), where.attach(cache.codes), where.attach(cache.scales);
-            if (words_kernel(Kernel::COMPRESS_TO_CACHE_WORDS)) {
-                where.launch<Kernel::COMPRESS_TO_CACHE_WORDS>(
-                    op, pool_size, score_type, key_words.raw_buffer(), score_words.raw_buffer(), ape_b.raw_buffer(),
-                    round_scale != 0, aligned_data, locs.raw_buffer(), flags.raw_buffer(), cache.codes.raw_buffer(),
-                    cache.scales.raw_buffer());
-            } else {
-                where.launch<Kernel::COMPRESS_TO_CACHE>(op, pool_size, score_type, key.raw_buffer(),
-                                                        score.raw_buffer(), ape_b.raw_buffer(), round_scale != 0,
-                                                        aligned_data, locs.raw_buffer(), flags.raw_buffer(),
-                                                        cache.codes.raw_buffer(), cache.scales.raw_buffer());
+            where.attach(locs);
+            for (RowRange window : windows) {
+                CacheViews cache = wrap_kv_cache(kv_cache, window);
+                where.attach(cache.codes), where.attach(cache.scales);
+                if (words_kernel(Kernel::COMPRESS_TO_CACHE_WORDS)) {
+                    where.launch<Kernel::COMPRESS_TO_CACHE_WORDS>(
+                        op, pool_size, score_type, key_words.raw_buffer(), score_words.raw_buffer(),
+                        ape_b.raw_buffer(), round_scale != 0, aligned_data, locs.raw_buffer(), flags.raw_buffer(),
+                        cache.codes.raw_buffer(), cache.scales.raw_buffer());
+                } else {
+                    where.launch<Kernel::COMPRESS_TO_CACHE>(op, pool_size, score_type, key.raw_buffer(),
+                                                            score.raw_buffer(), ape_b.raw_buffer(), round_scale != 0,
+                                                            aligned_data, locs.raw_buffer(), flags.raw_buffer(),
+                                                            cache.codes.raw_buffer(), cache.scales.raw_buffer());
+                }
             }
         }
         if (return_compressed) {

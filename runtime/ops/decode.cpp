@@ -2,6 +2,7 @@
 // is stashed in its request's tail ring, and a token completing a pool
 // writes that pool's cache row.
 #include <limits>
+#include <vector>
 
 #include "ops.h"
 
@@ -70,7 +71,9 @@ int64_t decode_update_and_maybe_write_cache_batched(
     TensorArg slots = per_token("slot_mapping", slot_mapping_, &tail_slots);
     TensorArg positions = per_token("positions", positions_, &tail_slots);
     const ElementType indices = index_type(tail_slots);
-    Placement where({&kv_cache, &tail, &key, &score, &ape, &tail_slots, &slots, &positions}, exec);
+    // A K cache past the kernels' 32-bit offsets is launched in windows of
+    // its pages (Placement::cache_windows).
+    Placement where({&kv_cache, &tail, &key, &score, &ape, &tail_slots, &slots, &positions}, exec, {&kv_cache});
     where.require_pool_arithmetic();
     // Completions without a tail block write nothing (README, reference
     // defects); on the host they are counted, on a device the count
@@ -96,14 +99,18 @@ int64_t decode_update_and_maybe_write_cache_batched(
     const char *op = "kpool_decode_update_and_maybe_write_cache_batched";
     HalideBuffer t = wrap_tail(tail), ts = wrap(tail_slots), k = wrap(key), s = wrap(score), a = wrap(ape),
                  sm = wrap(slots), pos = wrap(positions);
-    CacheViews cache = wrap_kv_cache(kv_cache);
-    for (HalideBuffer *b : {&t, &ts, &k, &s, &a, &sm, &pos, &cache.codes, &cache.scales}) {
+    for (HalideBuffer *b : {&t, &ts, &k, &s, &a, &sm, &pos}) {
         where.attach(*b);
     }
+    const std::vector<RowRange> windows =
+        kv_cache.numel() > 0 ? where.cache_windows(kv_cache) : std::vector<RowRange>{};
     // Completions read the ring as it was before this call's stashes. A
     // device runs both in one kernel (a request's completions, then its
-    // stashes), the CPU as two.
-    if (kv_cache.numel() > 0 && where.has_kernel(Kernel::DECODE_UPDATE, pool_size, indices)) {
+    // stashes) where the cache is one window, otherwise, as the CPU does,
+    // the completions (a launch per window), then the stashes.
+    if (windows.size() == 1 && where.has_kernel(Kernel::DECODE_UPDATE, pool_size, indices)) {
+        CacheViews cache = wrap_kv_cache(kv_cache, windows[0]);
+        where.attach(cache.codes), where.attach(cache.scales);
         HalideBuffer t_out = wrap_tail(tail);
         auto launch = [&](auto layout) {
             where.launch<decltype(layout)::value>(op, pool_size, indices, t.raw_buffer(), ts.raw_buffer(),
@@ -128,7 +135,9 @@ int64_t decode_update_and_maybe_write_cache_batched(
     }
     // Otherwise two kernels, in this order on the caller's stream (without
     // a K cache, only the stashes).
-    if (kv_cache.numel() > 0) {
+    for (RowRange window : windows) {
+        CacheViews cache = wrap_kv_cache(kv_cache, window);
+        where.attach(cache.codes), where.attach(cache.scales);
         where.launch<Kernel::DECODE_WRITE_CACHE>(op, pool_size, indices, t.raw_buffer(), ts.raw_buffer(),
                                                  k.raw_buffer(), s.raw_buffer(), a.raw_buffer(), sm.raw_buffer(),
                                                  pos.raw_buffer(), round_scale != 0, cache.codes.raw_buffer(),
