@@ -36,6 +36,17 @@ Expr item_value_f32(Func items, const Type &item_type, Expr index_in_lane, std::
     return bf16_to_f32(cast<uint16_t>(item >> cast(item_type, (index_in_lane % per_item) * 16)));
 }
 
+// The words kernels store a lane's 4 codes as one 4-byte word: the codes
+// view's rows (strides of `row_dims`) start at multiples of 4 bytes of a
+// 4-byte-aligned base (the runtime checks both before it takes them).
+constexpr int kCodeWordBytes = 4;
+void code_rows_of_words(OutputImageParam codes, std::initializer_list<int> row_dims) {
+    for (int d : row_dims) {
+        codes.dim(d).set_stride((codes.dim(d).stride() / kCodeWordBytes) * kCodeWordBytes);
+    }
+    codes.set_host_alignment(kCodeWordBytes);
+}
+
 }  // namespace
 
 template <typename T>
@@ -105,7 +116,7 @@ protected:
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         return compress_pool(key, score, ape_f32, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
                              {arith, rounding_barrier(slot_k.dim(2).stride()), decided.exp_branches,
-                               max_min_rule(plan.target)},
+                              max_min_rule(plan.target), decided.exp_fma_fast_path},
                               decided.e4m3);
     }
 
@@ -169,6 +180,9 @@ public:
         Expr pool = s.write.y;
         Divisor page_size(Func(cache).output_buffers()[0].dim(1).extent(), Divisor::Kind::Any);
         write_cache_rows(cache, s.write, {pool}, locs(pool), writes(pool) != 0, quant, page_size);
+        if (words()) {
+            code_rows_of_words(Func(cache).output_buffers()[0], {2});  // (d, token, page): tokens 128 apart
+        }
 
         loc.dim(0).set_stride(Expr());
         write_mask.dim(0).set_stride(Expr());  // 0 when absent
@@ -202,6 +216,9 @@ public:
         const Fp8Row &quant = s.compress.rotate.quant;
         compressed(s.d, s.pool) = Tuple(quant.codes(s.d, s.pool), quant.scale(s.d, s.pool));
         constrain_row_views(Func(compressed).output_buffers(), kHeadDim);
+        if (words()) {
+            code_rows_of_words(Func(compressed).output_buffers()[0], {1});  // (d, pool)
+        }
     }
 
     void schedule() {

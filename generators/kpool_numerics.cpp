@@ -160,8 +160,8 @@ Expr pow2(Expr n) {
     return reinterpret<double>(cast<uint64_t>(cast<int64_t>(n) + 1023) << 52);
 }
 
-// The exact path: every product rounded on its own, so every target computes
-// the same f64 bits.
+}  // namespace
+
 Expr exp_f32_exact(Expr x, const RoundingBarrier &round) {
     Expr xd = cast<double>(x);
     // Beyond these, exp is 0 or +inf in f32 (and the polynomial's 2^n would
@@ -184,6 +184,8 @@ Expr exp_f32_exact(Expr x, const RoundingBarrier &round) {
     Expr inf = reinterpret<float>(cast<uint32_t>(0x7f800000));
     return select(is_nan(x), x, select(in_range, y, select(xd > f64(0.0), inf, 0.0f)));
 }
+
+namespace {
 
 // The fast path's f64 value of exp(x), relative error < 2^-40 with or
 // without fma: |r| <= ln2/2 + tiny, so the degree-10 remainder is at most
@@ -213,17 +215,70 @@ Expr rounds_like_exact(Expr y) {
     return normal && abs(below_f32 - (1 << 28)) > (1 << 13);
 }
 
+
+// The GPU threads' fast path (see the header): every f64 operation an
+// explicit fma or an exact add, so its bits are the same on every target and
+// the CPU's exhaustive check of them is the GPU's.
+Expr fma_f64(Expr a, Expr b, Expr c) {
+    return Internal::Call::make(Float(64), "llvm.fma.f64", {a, b, c}, Internal::Call::PureExtern);
+}
+
+// exp on |r| <= ln2/2 + 1e-5 (r = x - n ln2 as rounded): the degree-8
+// Chebyshev fit of exp on [-0.3466, 0.3466], coefficients rounded to f64;
+// relative error < 2^-39.7 (mpmath, dense over the interval, exact
+// arithmetic on the rounded coefficients), highest degree first.
+constexpr double kExpFit[] = {0x1.a15a5c1c9c231p-16, 0x1.a1aa8ebb09119p-13, 0x1.6c164deb3edc9p-10,
+                              0x1.111080a2be539p-7,  0x1.555555742c758p-5,  0x1.555555a276f61p-3,
+                              0x1.fffffffff71b9p-2,  0x1.ffffffffd3852p-1,  0x1.0000000000000p+0};
+// 1.5 * 2^52: x * log2(e) + this rounds to an integer n held in the low
+// bits of the sum (two's complement for |n| < 2^31).
+constexpr double kRoundToInteger = 0x1.8p52;
+// The certain band: how far (in f64 ulps of p) p must lie from the midpoint
+// between two f32s. p's error is < 2^-39.5 relative (the fit, the reduction
+// x - n * RN(ln 2), whose error is < 150 * 2^-54, and nine f64 roundings),
+// at most 2^13 ulps for p in [0.7, 1.42]; the band is 2^14.
+constexpr int kFastBand = 1 << 14;
+
 }  // namespace
 
-Expr exp_f32_correctly_rounded(Expr x, const RoundingBarrier &round, bool branch) {
-    Expr y = exp_f64_fast(x);
-    Expr certain = rounds_like_exact(y) && !is_nan(x);
-    Expr fast = cast<float>(y), exact = exp_f32_exact(x, round);
+ExpFastPath exp_f32_fast_certified(Expr x) {
+    Expr xd = cast<double>(x);  // exact
+    Expr shifted = fma_f64(xd, f64(kLog2E), f64(kRoundToInteger));
+    Expr n = cast<int32_t>(reinterpret<uint64_t>(shifted));  // the low word: n
+    Expr nd = shifted - f64(kRoundToInteger);                // exact
+    // n * ln2 exact inside the fma; one rounding (< 2^-54 for |r| < 0.35);
+    // n * (ln 2 - RN(ln 2)) < 150 * 2^-54 is left out.
+    Expr r = fma_f64(nd, f64(-0.6931471805599453), xd);
+    Expr p = f64(kExpFit[0]);
+    for (size_t k = 1; k < sizeof(kExpFit) / sizeof(kExpFit[0]); k++) {
+        p = fma_f64(p, r, f64(kExpFit[k]));
+    }
+    // p ~ exp(r) in [0.707, 1.415]: rounded to f32 there, then scaled by 2^n
+    // on the exponent bits (exact while the result is normal: -86.5 < x < 88).
+    Expr below_f32 = cast<uint32_t>(reinterpret<uint64_t>(p)) & 0x1fffffff;  // the 29 bits f32 drops
+    // Unsigned: below_f32 outside [2^28 - band, 2^28 + band].
+    Expr clear_of_midpoint = below_f32 - cast<uint32_t>((1 << 28) - kFastBand) > cast<uint32_t>(2 * kFastBand);
+    Expr in_range = x > -86.5f && x < 88.0f;  // false for NaN
+    Expr scaled = reinterpret<uint32_t>(cast<float>(p)) + (cast<uint32_t>(n) << 23);
+    return {reinterpret<float>(scaled), in_range && clear_of_midpoint};
+}
+
+Expr exp_f32_correctly_rounded(Expr x, const RoundingBarrier &round, bool branch, bool fma_fast_path) {
+    Expr value, certain;
+    if (branch && fma_fast_path) {
+        ExpFastPath fast = exp_f32_fast_certified(x);
+        value = fast.value;
+        certain = fast.certain;
+    } else {
+        Expr y = exp_f64_fast(x);
+        value = cast<float>(y);
+        certain = rounds_like_exact(y) && !is_nan(x);
+    }
     if (branch) {
-        return Internal::Call::make(Float(32), Internal::Call::if_then_else, {certain, fast, exact},
+        return Internal::Call::make(Float(32), Internal::Call::if_then_else, {certain, value, exp_f32_exact(x, round)},
                                     Internal::Call::PureIntrinsic);
     }
-    return select(certain, fast, exact);
+    return select(certain, value, exp_f32_exact(x, round));
 }
 
 Arithmetic arithmetic_for(Arithmetic arithmetic, const Target &target) {
@@ -243,7 +298,7 @@ Expr PoolArithmetic::exp(Expr t) const {
     if (kind == Arithmetic::Triton) {
         return ptx_instruction("llvm.nvvm.ex2.approx.f", {t * kLog2EF32});  // ex2.approx.f32
     }
-    return exp_f32_correctly_rounded(t, round, exp_branches);
+    return exp_f32_correctly_rounded(t, round, exp_branches, exp_fma_fast_path);
 }
 
 Expr PoolArithmetic::accumulate(Expr sum, Expr k, Expr p) const {

@@ -89,19 +89,40 @@ struct RoundingBarrier {
 };
 RoundingBarrier rounding_barrier(Halide::Expr buffer_stride);
 
-// exp(x) for f32 x, correctly rounded, in two paths that agree bit for bit:
-//  - fast: f64 with a degree-10 Taylor polynomial on |r| <= ln2/2, free for
-//    the compiler to contract into fmas; relative error < 2^-40, so whenever
-//    the f64 result is further than that from an f32 rounding midpoint (all
-//    but ~2^-15 of inputs) its rounding to f32 is the correctly rounded one,
-//    whatever fmas a target used;
-//  - exact: the degree-13 polynomial with every product rounded on its own
-//    (rounding barriers), identical on every target, for the rest (and for
-//    results outside the f32 normal range).
-// `branch` evaluates the exact path only where needed (a GPU thread
-// branches); otherwise both are computed and selected (vector CPU code).
+// exp(x) for f32 x, correctly rounded: a fast path wherever its rounding
+// is certain, else the exact path, identical on every target (the
+// degree-13 polynomial with every product rounded on its own: rounding
+// barriers). With `branch` (GPU threads) the exact path is a branch taken
+// where the fast one is not certain; otherwise (vector CPU code) both are
+// computed and selected. The fast path:
+//  - fma_fast_path (GPU threads only: vector code would scalarize the
+//    fmas): exp_f32_fast_certified, certain for all but ~2^-14 of inputs;
+//  - otherwise f64 with a degree-10 Taylor polynomial on |r| <= ln2/2, free
+//    for the compiler to contract into fmas; relative error < 2^-40, so
+//    whenever the f64 result is further than that from an f32 rounding
+//    midpoint (all but ~2^-15 of inputs) its rounding to f32 is the
+//    correctly rounded one, whatever fmas a target used.
 // Platform expf and Halide's own exp are not correctly rounded.
-Halide::Expr exp_f32_correctly_rounded(Halide::Expr x, const RoundingBarrier &round, bool branch);
+Halide::Expr exp_f32_correctly_rounded(Halide::Expr x, const RoundingBarrier &round, bool branch,
+                                       bool fma_fast_path = false);
+
+// The GPU's fast path of exp: x = n ln2 + r reduced in f64 (one fma: n ln2
+// exact inside it), exp(r) by a degree-8 fit (eight fmas, relative error
+// < 2^-39.5 in all), rounded to f32 and scaled by 2^n on the exponent bits.
+// Every f64 operation is an explicit fma (llvm.fma.f64) or exact, so the
+// value and `certain` have the same bits on every target: the test of every
+// f32 input on the CPU (test_numerics.cpp, the exp probe) holds for the GPU.
+// `certain`: -86.5 < x < 88 (a normal result) and the f64 value at least 2^14
+// f64 ulps from the midpoint between two f32s, where `value` is exp(x)
+// correctly rounded.
+// The exact path alone: every product rounded on its own (barriers), so
+// every target computes the same f64 bits; 0 below -104, +inf above 89.
+Halide::Expr exp_f32_exact(Halide::Expr x, const RoundingBarrier &round);
+
+struct ExpFastPath {
+    Halide::Expr value, certain;
+};
+ExpFastPath exp_f32_fast_certified(Halide::Expr x);
 
 // The two arithmetics of the steps where the Triton reference is
 // approximate (SPEC, shared numerics 5; include/kpool/kpool.h):
@@ -130,6 +151,7 @@ struct PoolArithmetic {
     RoundingBarrier round;      // Exact: products rounded on their own
     bool exp_branches = false;  // Exact: exp's exact path as a branch (GPU threads)
     MaxMinRule max_min;         // the softmax max and the row's absmax ignore NaN; ptx: on CUDA
+    bool exp_fma_fast_path = false;  // Exact, branching: exp_f32_fast_certified as the fast path
 
     Halide::Expr exp(Halide::Expr t) const;
     // sum + k * p, in the order the reference accumulates.

@@ -32,6 +32,37 @@ private:
     NumericsProbeStages stages;
 };
 
+// Test-only kernel: the GPU's exp, one path at a time, so that a test can
+// hold it to the correctly rounded exp on every f32 input the softmax pool
+// gives it: the fast path (exp_f32_fast_certified: its value and whether it
+// is certain), or with exact_path the exact path (certain is 1).
+class ExpProbe : public KpoolGenerator<ExpProbe> {
+public:
+    GeneratorParam<bool> exact_path{"exact_path", false};
+    Input<Buffer<float, 1>> x{"x"};
+    Output<Buffer<float, 1>> value{"value"};
+    Output<Buffer<uint8_t, 1>> certain{"certain"};
+
+    void generate() {
+        Var i = stages.i;
+        if (exact_path) {
+            value(i) = exp_f32_exact(x(i), rounding_barrier(x.dim(0).extent()));
+            certain(i) = cast<uint8_t>(1);
+        } else {
+            ExpFastPath fast = exp_f32_fast_certified(x(i));
+            value(i) = fast.value;
+            certain(i) = cast<uint8_t>(fast.certain);
+        }
+        stages.outputs = {value, certain};
+    }
+
+    void schedule() { schedule_numerics_probe(stages, build_plan()); }
+
+private:
+    NumericsProbeStages stages;
+};
+
 }  // namespace kpool
 
 HALIDE_REGISTER_GENERATOR(kpool::NumericsProbe, kpool_numerics_probe)
+HALIDE_REGISTER_GENERATOR(kpool::ExpProbe, kpool_exp_probe)

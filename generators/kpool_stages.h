@@ -93,6 +93,10 @@ struct ScheduleDecisions {
     // source is the same for a whole warp), rather than a select of both
     // loads (vector CPU code).
     bool member_branches = false;
+    // Whether a branching exp's fast path is the fma one (exp_f32_fast_certified:
+    // fewer instructions, more registers for its f64 coefficients) rather than
+    // the degree-10 polynomial (kpool_numerics.h).
+    bool exp_fma_fast_path = false;
     // How the family encodes e4m3 (sm_90's instruction, or integer bits).
     E4m3Encoder e4m3 = E4m3Encoder::Integer;
     // Tokens per group of the seed copy's RDom (the warps of a GPU block).

@@ -120,7 +120,7 @@ void compute_row_in_warp(RotateQuant &r, const Var &v, const Var &lane, LoopLeve
 // each lane storing its V elements, run by run (RowLayout::element:
 // x = (run_index * lanes + lane) * run + in_run, in units of x).
 void rows_in_lanes(Func out, const Var &x, const Var &row, const Var &lane, const RowLayout &layout, int row_threads,
-                   Var &row_in_block, int codes_per_word = 1) {
+                   Var &row_in_block, int codes_per_word = 1, bool vector_runs = false) {
     if (layout.run % codes_per_word != 0) {
         throw CompileError("a lane's run of " + std::to_string(layout.run) + " elements cannot be stored in words of " +
                            std::to_string(codes_per_word));
@@ -133,8 +133,12 @@ void rows_in_lanes(Func out, const Var &x, const Var &row, const Var &lane, cons
         .gpu_blocks(rb)
         .gpu_threads(row_in_block)
         .gpu_lanes(lane)
-        .unroll(in_run)
         .unroll(run_index);
+    if (vector_runs) {
+        out.vectorize(in_run);  // a run's codes: one store
+    } else {
+        out.unroll(in_run);
+    }
 }
 
 }  // namespace
@@ -322,14 +326,17 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
         .reorder(v, lane, pi, pb)
         .gpu_blocks(pb)
         .gpu_threads(pi)
-        .gpu_lanes(lane)
-        .unroll(v);
+        .gpu_lanes(lane);
     if (s.lane_loads.key.defined()) {
+        // The words kernels' codes rows start at 4-byte words (the
+        // generator's constraint): a lane's V codes are V / 4 word stores.
+        s.cache.update(0).vectorize(v);
         compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, pi), true);
         load_lane_items(s.compress, s.lane_loads, s.lane);
         s.cache.update(0).specialize(s.conditions.round_scale);
         return;
     }
+    s.cache.update(0).unroll(v);
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, pi),
                          s.compress.pool.arithmetic == Arithmetic::Triton, &s.conditions);
     specialize_compress(s.cache.update(0), s.conditions);
@@ -337,8 +344,9 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
 
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) {
     Var pi{"pool_in_block"};
-    rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan_for(build).compress_row_threads, pi);
-    if (s.lane_loads.key.defined()) {
+    const bool words = s.lane_loads.key.defined();  // codes rows of 4-byte words: vector stores
+    rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan_for(build).compress_row_threads, pi, 1, words);
+    if (words) {
         compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi), true);
         load_lane_items(s.compress, s.lane_loads, s.lane);
         s.out.specialize(s.conditions.round_scale);

@@ -10,11 +10,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <limits>
+#include <random>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "HalideBuffer.h"
+#include "kpool_cpu_exp_exact_probe.h"
+#include "kpool_cpu_exp_probe.h"
 #include "kpool_cpu_numerics_probe.h"
 #include "test_util.h"
 
@@ -436,6 +441,184 @@ TEST(NumericsExp, SpecialValues) {
         EXPECT_EQ(bits_of(p.exp_f32[i]), bits_of(want)) << "exp(" << x[i] << ")";
     }
     EXPECT_TRUE(std::isnan(run_probe({std::numeric_limits<float>::quiet_NaN()}).exp_f32[0]));
+}
+
+}  // namespace
+
+namespace {
+
+// exp(x) correctly rounded to f32, for -104 < x < 0: exp in f64 (glibc's,
+// error < 1 f64 ulp), and where that lands within 2^-45 (relative) of the
+// midpoint between two f32s, exp in long double; one still within 2^-60
+// is `ambiguous` (the reference cannot tell the rounding: the test fails).
+float correctly_rounded_exp(float x, bool &ambiguous) {
+    auto from_midpoint = [](long double y) {  // relative distance to the nearest f32 midpoint
+        const float nearest = static_cast<float>(y);
+        const float other = std::nextafter(nearest, static_cast<long double>(nearest) < y ? INFINITY : 0.0f);
+        const long double mid = (static_cast<long double>(nearest) + other) / 2;
+        return std::fabs(y - mid) / y;
+    };
+    const double y = std::exp(static_cast<double>(x));
+    if (from_midpoint(y) > 0x1p-45L) return static_cast<float>(y);
+    const long double yl = std::exp(static_cast<long double>(x));
+    ambiguous = from_midpoint(yl) < 0x1p-60L;
+    return static_cast<float>(yl);
+}
+
+struct ExpProbeResult {
+    std::vector<float> value;
+    std::vector<uint8_t> certain;
+};
+
+// One of the exp probes (the GPU's fast path, or its exact path alone).
+using ExpProbe = int (*)(halide_buffer_t *, halide_buffer_t *, halide_buffer_t *);
+ExpProbeResult run_exp_probe(const std::vector<float> &x, ExpProbe probe = kpool_cpu_exp_probe) {
+    const int n = static_cast<int>(x.size());
+    ExpProbeResult r{std::vector<float>(n), std::vector<uint8_t>(n)};
+    if (n == 0) return r;
+    Buffer<float> in(const_cast<float *>(x.data()), n), value(r.value.data(), n);
+    Buffer<uint8_t> certain(r.certain.data(), n);
+    EXPECT_EQ(probe(in, value, certain), 0) << "exp probe failed";
+    return r;
+}
+
+// (f) The GPU's exp on every f32 the softmax pool gives it (x = s - max s
+// <= 0: every pattern with the sign bit set, -0 to -inf and the NaNs). Its
+// fast path, wherever it says certain, is exp(x) correctly rounded; the
+// exact path is too, on every input of (-86.5, 0] the fast path leaves to it
+// and on all of [-104, -86.5] (below, exp rounds to 0, which the exact path
+// returns by a comparison; (e) samples it). Both paths' bits are the same on
+// every target (explicit fmas, rounding barriers), so this is the GPU's exp.
+TEST(NumericsExp, GpuExpCorrectlyRoundedOnEveryNegativeFloat) {
+    constexpr uint64_t kChunk = 1 << 22;
+    const unsigned workers = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+    Mismatches m;
+    int64_t certain = 0, uncertain_in_range = 0, ambiguous_references = 0;
+    std::vector<float> x(kChunk), to_exact_path;
+    for (uint64_t start = 0x80000000u; start <= 0xffffffffu; start += kChunk) {
+        for (uint64_t i = 0; i < kChunk; ++i) x[i] = float_of(static_cast<uint32_t>(start + i));
+        const ExpProbeResult p = run_exp_probe(x);
+        // The reference check of the chunk, split over threads.
+        std::vector<Mismatches> found(workers);
+        std::vector<int64_t> n_certain(workers), n_uncertain(workers), n_ambiguous(workers);
+        std::vector<std::thread> threads;
+        for (unsigned w = 0; w < workers; ++w) {
+            threads.emplace_back([&, w] {
+                for (uint64_t i = w; i < kChunk; i += workers) {
+                    const float xi = x[i];
+                    const bool normal_result = xi > -86.5f;  // false for NaN and -inf
+                    if (!p.certain[i]) {
+                        n_uncertain[w] += normal_result;
+                        continue;
+                    }
+                    ++n_certain[w];
+                    bool ambiguous = false;
+                    float want;
+                    if (!normal_result) {
+                        want = NAN;  // never certain: any value is a mismatch
+                    } else if (xi > -0x1p-25f) {
+                        want = 1.0f;  // exp(x) in (1 - 2^-25, 1]
+                    } else {
+                        want = correctly_rounded_exp(xi, ambiguous);
+                    }
+                    n_ambiguous[w] += ambiguous;
+                    if (bits_of(p.value[i]) != bits_of(want)) {
+                        found[w].add([&](std::ostream &o) {
+                            o.precision(9);
+                            o << "exp(" << xi << " = " << hex(bits_of(xi)) << "): fast path " << p.value[i] << " ("
+                              << hex(bits_of(p.value[i])) << ", certain), want " << want << " (" << hex(bits_of(want))
+                              << ")";
+                        });
+                    }
+                }
+            });
+        }
+        for (std::thread &t : threads) t.join();
+        for (uint64_t i = 0; i < kChunk; ++i) {
+            if (!p.certain[i] && x[i] > -86.5f) to_exact_path.push_back(x[i]);
+        }
+        for (unsigned w = 0; w < workers; ++w) {
+            certain += n_certain[w];
+            uncertain_in_range += n_uncertain[w];
+            ambiguous_references += n_ambiguous[w];
+            m.count += found[w].count;
+            if (m.count < 10) m.first << found[w].first.str();
+        }
+    }
+    EXPECT_EQ(ambiguous_references, 0);
+    EXPECT_EQ(m.count, 0) << m.count << " certain fast-path values are not exp correctly rounded:" << m.first.str();
+    // Every x in (-86.5, 0] (the patterns 0x80000000 to 0xc2acffff) is either
+    // certain or left to the exact path; few are left.
+    EXPECT_EQ(certain + uncertain_in_range, int64_t(0xc2ad0000u - 0x80000000u));
+    const double uncertain_rate = double(uncertain_in_range) / double(certain + uncertain_in_range);
+    std::cout << "exp fast path: " << uncertain_in_range << " of " << certain + uncertain_in_range
+              << " inputs in (-86.5, 0] left to the exact path (" << uncertain_rate << ")\n";
+    EXPECT_LT(uncertain_rate, 0x1p-12);
+
+    // The exact path: where the fast path is not certain, and [-104, -86.5].
+    for (uint32_t b = bits_of(-86.5f); b <= bits_of(-104.0f); ++b) to_exact_path.push_back(float_of(b));
+    const ExpProbeResult e = run_exp_probe(to_exact_path, kpool_cpu_exp_exact_probe);
+    Mismatches exact;
+    for (size_t i = 0; i < to_exact_path.size(); ++i) {
+        const float xi = to_exact_path[i];
+        bool ambiguous = false;
+        const float want = xi > -0x1p-25f ? 1.0f : correctly_rounded_exp(xi, ambiguous);
+        EXPECT_FALSE(ambiguous) << "exp(" << xi << ")";
+        if (bits_of(e.value[i]) != bits_of(want)) {
+            exact.add([&](std::ostream &o) {
+                o.precision(9);
+                o << "exp(" << xi << " = " << hex(bits_of(xi)) << "): exact path " << e.value[i] << " ("
+                  << hex(bits_of(e.value[i])) << "), want " << want << " (" << hex(bits_of(want)) << ")";
+            });
+        }
+    }
+    EXPECT_EQ(exact.count, 0) << exact.count << " of " << to_exact_path.size()
+                              << " exact-path values are not exp correctly rounded:" << exact.first.str();
+}
+
+// The fast path's rate of exact-path branches on the softmax pool's own
+// inputs: pools as the benchmarks draw them (scores N(0, 1) in bf16, ape
+// N(0, 0.5) in f32), x = s_j - max s; a warp branches when any of its 32
+// lanes (32 dims of a pool) does.
+TEST(NumericsExp, FastPathRarelyUncertainOnRandomPools) {
+    for (int P : {4, 16}) {
+        std::mt19937 rng(1234 + P);
+        std::normal_distribution<float> score(0.0f, 1.0f), ape(0.0f, 0.5f);
+        constexpr int kPools = 1 << 13, kDims = 128;
+        std::vector<float> ape_rows(P * kDims), x;
+        for (float &a : ape_rows) a = ape(rng);
+        x.reserve(size_t(kPools) * P * kDims);
+        for (int pool = 0; pool < kPools; ++pool) {
+            std::vector<float> s(P * kDims);
+            for (int j = 0; j < P; ++j) {
+                for (int d = 0; d < kDims; ++d) {
+                    const uint32_t b = bits_of(score(rng));  // to bf16, round to nearest even
+                    const float bf16_score = float_of((b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u);
+                    s[j * kDims + d] = bf16_score + ape_rows[j * kDims + d];
+                }
+            }
+            for (int j = 0; j < P; ++j) {
+                for (int d = 0; d < kDims; ++d) {
+                    float max_s = s[d];
+                    for (int k = 1; k < P; ++k) max_s = std::max(max_s, s[k * kDims + d]);
+                    x.push_back(s[j * kDims + d] - max_s);
+                }
+            }
+        }
+        const ExpProbeResult p = run_exp_probe(x);
+        int64_t uncertain = 0, warps_branching = 0;
+        for (size_t w = 0; w < x.size(); w += 32) {
+            int64_t in_warp = 0;
+            for (size_t i = w; i < w + 32; ++i) in_warp += !p.certain[i];
+            uncertain += in_warp;
+            warps_branching += in_warp > 0;
+        }
+        const double rate = double(uncertain) / double(x.size()), warp_rate = double(warps_branching) * 32 / double(x.size());
+        std::cout << "exp fast path, random pools of " << P << ": " << uncertain << " of " << x.size()
+                  << " exps uncertain (" << rate << "), " << warp_rate << " of warp exps branch\n";
+        EXPECT_LT(rate, 0x1p-12);
+        EXPECT_LT(warp_rate, 0x1p-7);
+    }
 }
 
 }  // namespace

@@ -125,9 +125,16 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
         // bf16 as 64-bit words of 4, so each lane's 4 keys (and bf16 scores) of
         // a slot are one load. The words kernels check the strides too. The
         // word views are made before attach, from the host fields.
+        // They store a lane's codes as 4-byte words: the rows of codes (cache
+        // pages, compressed_k) start 4-byte aligned too.
         const bool words_fit = !where.on_host() && rows_aligned(k_range, 16, {0, 1}) &&
                                rows_aligned(s_range, 16, {0, 1}) && rows_aligned(ape, 16, {0});
-        auto words_kernel = [&](Kernel kind) { return words_fit && where.has_kernel(kind, pool_size, score_type); };
+        auto words_kernel = [&](Kernel kind) {
+            const bool codes_fit = kind == Kernel::COMPRESS_TO_CACHE_WORDS
+                                       ? write_cache && rows_aligned(kv_cache, 4, {0})
+                                       : return_compressed && rows_aligned(compressed_k, 4, {0});
+            return words_fit && codes_fit && where.has_kernel(kind, pool_size, score_type);
+        };
         const bool words = words_kernel(Kernel::COMPRESS_TO_CACHE_WORDS) || words_kernel(Kernel::COMPRESS_TO_ROWS_WORDS);
         HalideBuffer key_words, score_words;
         if (words) {
