@@ -58,10 +58,28 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecode,
                                     std::to_string(std::get<2>(info.param));
                          });
 
-// Key and score rows 130 elements apart (260 bytes: not 8-byte words): the
-// runtime takes the warp-per-token kernel (any strides) whatever P and
-// next_n, rather than the warp-per-request one built for aligned rows.
+// A call of 9 requests of N tokens whose inputs `unfit` makes unfit for the
+// warp-per-request kernel: the runtime takes the warp-per-token kernel (any
+// strides), which matches the CPU.
+template <typename Unfit>
+void expect_warp_per_token_matches_cpu(Device &gpu, int P, int N, unsigned seed, Unfit unfit) {
+    const int64_t ring = 2 * P, B = 9, tail_blocks = B + 4, block_size = 16;
+    const int64_t num_blocks = std::max<int64_t>(4, (2 * B * N) / block_size + 2);
+    std::mt19937 rng(seed);
+    DecodeInputs in = make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size);
+    unfit(in);
+    DecodeCase d(gpu, rng, std::move(in), ring, tail_blocks, num_blocks, block_size, /*padded=*/false);
+    run_both([&](Side s, const kpool_exec *ex, kpool_status *st) { return d.call(s, P, true, ex, st); },
+             {{"kv_cache", &d.cache}, {"tail_kv_cache", &d.tail}});
+    EXPECT_TRUE(d.tail.cpu().bytes() != d.tail0.bytes()) << "the test stashed nothing";
+}
+
 using GpuDecodeUnalignedParam = std::tuple<int, int>;  // P, next_n
+std::string pool_and_tokens(const ::testing::TestParamInfo<GpuDecodeUnalignedParam> &info) {
+    return "P" + std::to_string(std::get<0>(info.param)) + "_n" + std::to_string(std::get<1>(info.param));
+}
+
+// Key and score rows 130 elements apart (260 bytes: not 8-byte words).
 class GpuDecodeUnalignedRows : public GpuParamTest<GpuDecodeUnalignedParam> {};
 
 HostTensor with_row_stride(const HostTensor &rows, int64_t row_stride) {
@@ -77,52 +95,31 @@ HostTensor with_row_stride(const HostTensor &rows, int64_t row_stride) {
 
 TEST_P(GpuDecodeUnalignedRows, MatchesCpu) {
     const auto [P, N] = GetParam();
-    const int64_t ring = 2 * P, B = 9, tail_blocks = B + 4, block_size = 16;
-    const int64_t num_blocks = std::max<int64_t>(4, (2 * B * N) / block_size + 2);
-    std::mt19937 rng(4600 + P * 31 + N);
-    DecodeInputs in = make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size);
-    in.key = with_row_stride(in.key, kD + 2);
-    in.slot_score = with_row_stride(in.slot_score, kD + 2);
-    DecodeCase d(gpu(), rng, std::move(in), ring, tail_blocks, num_blocks, block_size, /*padded=*/false);
-    run_both([&, P = P](Side s, const kpool_exec *ex, kpool_status *st) { return d.call(s, P, true, ex, st); },
-             {{"kv_cache", &d.cache}, {"tail_kv_cache", &d.tail}});
-    EXPECT_TRUE(d.tail.cpu().bytes() != d.tail0.bytes()) << "the test stashed nothing";
+    expect_warp_per_token_matches_cpu(gpu(), P, N, 4600 + P * 31 + N, [](DecodeInputs &in) {
+        in.key = with_row_stride(in.key, kD + 2);
+        in.slot_score = with_row_stride(in.slot_score, kD + 2);
+    });
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecodeUnalignedRows, Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 5, 20)),
-                         [](const auto &info) {
-                             return "P" + std::to_string(std::get<0>(info.param)) + "_n" +
-                                    std::to_string(std::get<1>(info.param));
-                         });
+                         pool_and_tokens);
 
-// ape rows 132 floats apart (16-byte aligned, not dense): the runtime
-// takes the warp-per-token kernel, whatever P and next_n, rather than the
-// warp-per-request one, which reads a dense ape (every slot's run at a
-// constant offset from the first's).
+// ape rows 132 floats apart (16-byte aligned, not dense: the warp-per-request
+// kernel reads every slot's run at a constant offset from the first's).
 class GpuDecodePaddedApe : public GpuParamTest<GpuDecodeUnalignedParam> {};
 
 TEST_P(GpuDecodePaddedApe, MatchesCpu) {
     const auto [P, N] = GetParam();
-    const int64_t ring = 2 * P, B = 9, tail_blocks = B + 4, block_size = 16;
-    const int64_t num_blocks = std::max<int64_t>(4, (2 * B * N) / block_size + 2);
-    std::mt19937 rng(4700 + P * 31 + N);
-    DecodeInputs in = make_decode_inputs(rng, B, N, P, ring, tail_blocks, num_blocks * block_size);
-    HostTensor ape(KPOOL_DTYPE_FLOAT32, {P, kD}, {kD + 4, 1});
-    for (int64_t j = 0; j < P; ++j) {
-        for (int64_t d = 0; d < kD; ++d) ape.set<float>({j, d}, in.ape.get<float>({j, d}));
-    }
-    in.ape = std::move(ape);
-    DecodeCase d(gpu(), rng, std::move(in), ring, tail_blocks, num_blocks, block_size, /*padded=*/false);
-    run_both([&, P = P](Side s, const kpool_exec *ex, kpool_status *st) { return d.call(s, P, true, ex, st); },
-             {{"kv_cache", &d.cache}, {"tail_kv_cache", &d.tail}});
-    EXPECT_TRUE(d.tail.cpu().bytes() != d.tail0.bytes()) << "the test stashed nothing";
+    expect_warp_per_token_matches_cpu(gpu(), P, N, 4700 + P * 31 + N, [P = P](DecodeInputs &in) {
+        HostTensor ape(KPOOL_DTYPE_FLOAT32, {P, kD}, {kD + 4, 1});
+        for (int64_t j = 0; j < P; ++j) {
+            for (int64_t d = 0; d < kD; ++d) ape.set<float>({j, d}, in.ape.get<float>({j, d}));
+        }
+        in.ape = std::move(ape);
+    });
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecodePaddedApe, Combine(ValuesIn(kGpuPoolSizes), Values(1, 5)),
-                         [](const auto &info) {
-                             return "P" + std::to_string(std::get<0>(info.param)) + "_n" +
-                                    std::to_string(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecodePaddedApe, Combine(ValuesIn(kGpuPoolSizes), Values(1, 5)), pool_and_tokens);
 
 // More requests than CUDA's grid y holds (65535): the decode kernel's
 // blocks (one per request) are in grid x, so this launches and matches.
