@@ -617,7 +617,9 @@ struct Contested {
     // Bytes [byte_off, byte_off + count) may hold any value: a slot that an
     // in-range entry of a device call with out-of-range entries writes (the
     // device skips the bad entries; which values the good ones then write is
-    // checked by the calls without bad entries). No other byte may move.
+    // checked by the calls without bad entries), or a decode completion that
+    // reads another request's stash of the call on a device. No other byte
+    // may move.
     void anything(const Tensor &t, int64_t byte_off, int64_t count) {
         for (int64_t i = 0; i < count; i++) any.insert(size_t(t.origin + byte_off + i));
     }

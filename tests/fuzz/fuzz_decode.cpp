@@ -10,7 +10,9 @@
 // several writers aim at holds bytes of those writers only; within one
 // request the last stash of a ring slot wins. When no two requests share a
 // tail block and no slot is written twice, that is byte for byte the
-// reference's sequential run of the whole batch, which is checked too.
+// reference's sequential run of the whole batch, which is checked too. On a
+// device, a completion reading a ring slot that another request's stash of
+// the call writes may see the old or the new bytes: its cache row is open.
 #include "fuzz_common.h"
 
 using namespace kfuzz;
@@ -197,11 +199,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (auto &[block, users] : block_users) shared_block = shared_block || users.size() > 1;
     bool written_twice = false;
 
+    // On a device a completion that reads a ring slot another request of
+    // the call stashes into (a shared tail block) may read the old or the
+    // new value of each element (docs/behaviour.md): its cache row is open.
+    auto reads_another_requests_stash = [&](int64_t b, int64_t t) {
+        const int64_t p = pos_t.get_int(b * tokens + t), block = tsm_t.get_int(b * tokens + t) / r;
+        for (int64_t j = 0; j < pool_size; j++) {
+            auto it = stashes.find({block, (p - (pool_size - 1) + j) % r});
+            if (it == stashes.end()) continue;
+            for (const auto &writer : it->second) {
+                if (writer.first != b) return true;
+            }
+        }
+        return false;
+    };
     // Each completion alone: its request's reference run with only its slot.
     for (auto &[l, writers] : completions) {
         written_twice = written_twice || writers.size() > 1;
         const CacheSlotBytes at = cache_slot_bytes(cache, l);
         for (auto [b, t] : writers) {
+            if (on_device() && reads_another_requests_stash(b, t)) {
+                contested_cache.anything(cache, at.codes, kD);
+                contested_cache.anything(cache, at.scale, 4);
+                continue;
+            }
             Tensor c = cache, tl = tail, m = sm_t;
             c.storage = before.of(cache);
             tl.storage = before.of(tail);
