@@ -1,7 +1,9 @@
 // The bit-exact numerics every kpool kernel shares (SPEC.md, "Shared
 // numerics"). Rounding and encoding are done on integer bits, not with float
 // casts: GPU code is built with flush-to-zero and unsafe float math, and the
-// e4m3 subnormals and bf16 ties must come out the same on every target.
+// e4m3 subnormals and bf16 ties must come out the same on every target. Where
+// a GPU has an instruction that rounds exactly so, it is called instead
+// (cvt.rn.bf16.f32: kPtxRoundBf16; sm_90's cvt.rn.satfinite.e4m3x2.f32).
 #pragma once
 
 #include <map>
