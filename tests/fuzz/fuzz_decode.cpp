@@ -202,10 +202,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     // On a device a completion that reads a ring slot another request of
     // the call stashes into (a shared tail block) may read the old or the
     // new value of each element (docs/behaviour.md): its cache row is open.
+    const int64_t members = pool_size;  // (a lambda may not capture a structured binding before C++20)
     auto reads_another_requests_stash = [&](int64_t b, int64_t t) {
         const int64_t p = pos_t.get_int(b * tokens + t), block = tsm_t.get_int(b * tokens + t) / r;
-        for (int64_t j = 0; j < pool_size; j++) {
-            auto it = stashes.find({block, (p - (pool_size - 1) + j) % r});
+        for (int64_t j = 0; j < members; j++) {
+            auto it = stashes.find({block, (p - (members - 1) + j) % r});
             if (it == stashes.end()) continue;
             for (const auto &writer : it->second) {
                 if (writer.first != b) return true;
