@@ -84,12 +84,12 @@ ROUND_BF16_CALL = re.compile(
     rb"\s*\.param \.b32 \s*param0;\n"
     rb"\s*st\.param\.b32 \s*\[param0\], (%r\d+);\n"
     rb"\s*\.param \.b32 \s*retval0;\n"
-    rb"\s*call\.uni \(retval0\), kpool_cvt_rn_bf16_f32, \(param0\);\n"
+    rb"\s*call\.uni \(retval0\), " + ROUND_BF16 + rb", \(param0\);\n"
     rb"\s*ld\.param\.b32 \s*(%r\d+), \[retval0\];\n"
     rb"\s*\} // callseq \d+")
 ROUND_BF16_DECLARATION = re.compile(
-    rb"\.extern \.func\s+\(\.param \.b32 func_retval0\) kpool_cvt_rn_bf16_f32\s*\(\s*"
-    rb"\.param \.b32 kpool_cvt_rn_bf16_f32_param_0\s*\)\s*;")
+    rb"\.extern \.func\s+\(\.param \.b32 func_retval0\) " + ROUND_BF16 + rb"\s*\(\s*"
+    rb"\.param \.b32 " + ROUND_BF16 + rb"_param_0\s*\)\s*;")
 
 
 def padded(replacement, length):

@@ -72,21 +72,22 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
     // of its pages, each range's pools launched once per window (a pool
     // writes in the window that holds its loc).
     std::vector<const TensorArg *> per_pool{&slot_k, &slot_score, &loc};
-    std::vector<const TensorArg *> args{&slot_k, &slot_score, &ape, &loc}, split = per_pool;
+    std::vector<const TensorArg *> args{&slot_k, &slot_score, &ape, &loc};
     if (write_cache) {
         kv_cache = require_kv_cache(kv_cache_);
         args.push_back(&kv_cache);
-        split.push_back(&kv_cache);
     }
     if (mask) {
         args.push_back(mask);
         per_pool.push_back(mask);
-        split.push_back(mask);
     }
     if (return_compressed) {
         args.insert(args.end(), {&compressed_k, &compressed_scale});
         per_pool.insert(per_pool.end(), {&compressed_k, &compressed_scale});
-        split.insert(split.end(), {&compressed_k, &compressed_scale});
+    }
+    std::vector<const TensorArg *> split = per_pool;
+    if (write_cache) {
+        split.push_back(&kv_cache);
     }
     Placement where(args, exec, split);
     where.require_pool_arithmetic();
