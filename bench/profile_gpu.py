@@ -30,6 +30,8 @@ def main(argv=None):
     p.add_argument("cases", nargs="+", help="GROUP[:KEY=VALUE,...]")
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--reference", action="store_true", help="run the Triton reference instead of kpool")
+    p.add_argument("--arithmetic", choices=("default", "exact", "triton"), default="default",
+                   help="kpool's softmax-pool arithmetic (kpool.set_arithmetic)")
     a = p.parse_args(argv)
 
     import torch
@@ -37,6 +39,7 @@ def main(argv=None):
     import kpool
     import workloads as kt
 
+    kpool.set_arithmetic(a.arithmetic)
     lib = kt.import_reference() if a.reference else kpool
     gen = kt.Gen(1234, "cuda")
     groups = dict(fwht=bench_gpu.cases_fwht, compress=bench_gpu.cases_compress, seed=bench_gpu.cases_seed,
