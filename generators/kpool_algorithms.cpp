@@ -264,19 +264,19 @@ Expr Divisor::mod(Expr x) const {
     return cast<int32_t>(select(is_pow2, u & (cast<uint32_t>(n) - 1), u % cast<uint32_t>(n)));
 }
 
-CacheSlot cache_slot(Expr loc, const Divisor &page, Expr first_page, Expr num_pages) {
-    Expr p = page.div(loc), t = page.mod(loc);
-    // The page is written relative to the views' first page (first_page +
-    // a clamped offset): Halide then folds the views' base offset into it,
-    // and every offset the kernel computes stays inside the window.
-    Expr page_in_window = clamp(p - cast(p.type(), first_page), 0, cast(p.type(), num_pages) - 1);
+CacheSlot cache_slot(Expr slot_in_window, const Divisor &page, Expr first_page, Expr num_pages) {
+    Expr p = page.div(slot_in_window), t = page.mod(slot_in_window);
+    // The page is written as the views' first page plus a clamped offset:
+    // Halide then folds the views' base offset into it, and every offset the
+    // kernel computes stays inside the window.
+    Expr page_in_window = clamp(p, 0, cast(p.type(), num_pages) - 1);
     Expr page_index = first_page + cast<int32_t>(page_in_window);
     Expr token = cast<int32_t>(clamp(t, 0, cast(t.type(), page.n) - 1));
     return {page_index, token};
 }
 
 void write_cache_rows(Func cache, RDom &write, const std::vector<Expr> &row, Expr loc, Expr writes,
-                      const Fp8Row &quant, const Divisor &page) {
+                      const Fp8Row &quant, const Divisor &page, bool offsets_32bit) {
     std::vector<OutputImageParam> views = cache.output_buffers();
     // The views hold pages [first_page, first_page + num_pages): the whole
     // cache, or one window of it where the runtime launches a cache larger
@@ -295,7 +295,14 @@ void write_cache_rows(Func cache, RDom &write, const std::vector<Expr> &row, Exp
         last_slot = saturating_cast<int32_t>(last_slot);
     }
     write.where(writes && loc >= 0 && loc >= first_slot && loc <= last_slot);
-    CacheSlot slot = cache_slot(loc, page, first_page, num_pages);
+    // A window of 32-bit offsets holds fewer than 2^31 bytes, so fewer slots:
+    // there a slot's place in it divides in 32 bits (a 64-bit division is a
+    // software routine three times as long).
+    Expr slot_in_window = loc - first_slot;
+    if (offsets_32bit) {
+        slot_in_window = cast<int32_t>(slot_in_window);
+    }
+    CacheSlot slot = cache_slot(slot_in_window, page, first_page, num_pages);
     Expr d = write.x;
     std::vector<Expr> at{d};
     at.insert(at.end(), row.begin(), row.end());

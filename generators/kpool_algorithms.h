@@ -152,9 +152,10 @@ struct CacheSlot {
     Expr page;   // int32
     Expr token;  // int32, slot inside the page
 };
-// loc >= 0 is a flat slot, in pages [first_page, first_page + num_pages)
-// where used; the clamps only bound the compiler's view.
-CacheSlot cache_slot(Expr loc, const Divisor &page, Expr first_page, Expr num_pages);
+// slot_in_window >= 0 is a flat slot counted from the first of pages
+// [first_page, first_page + num_pages) where used; the clamps only bound
+// the compiler's view.
+CacheSlot cache_slot(Expr slot_in_window, const Divisor &page, Expr first_page, Expr num_pages);
 // The views' shape: 128 codes per slot, one scale per slot broadcast over d.
 void constrain_cache_views(std::vector<Halide::OutputImageParam> &views);
 // A (codes, scale) row output's views (fwht's rows, compress's returned
@@ -170,9 +171,11 @@ void constrain_row_views(std::vector<Halide::OutputImageParam> views, int extent
 // nothing (device-side indices are not checked on the host; the index check
 // marks the ones outside the cache). `cache` is the (codes, scales) Tuple output,
 // its pure definition undef (only the written rows change); `page` divides
-// loc by the page size (views[0].dim(1).extent()).
+// loc by the page size (views[0].dim(1).extent()). `offsets_32bit`: the
+// target addresses buffers with 32-bit offsets (no large_buffers: the GPU
+// kernels, whose cache views are windows under 2 GiB).
 void write_cache_rows(Func cache, Halide::RDom &write, const std::vector<Expr> &row, Expr loc, Expr writes,
-                      const Fp8Row &quant, const Divisor &page);
+                      const Fp8Row &quant, const Divisor &page, bool offsets_32bit);
 
 // Tail ring addressing: tslot = block * ring + position in ring.
 struct TailSlot {

@@ -179,7 +179,8 @@ public:
         s.write = RDom(0, kHeadDim, 0, slot_k.dim(2).extent(), "write");
         Expr pool = s.write.y;
         Divisor page_size(Func(cache).output_buffers()[0].dim(1).extent(), Divisor::Kind::Any);
-        write_cache_rows(cache, s.write, {pool}, locs(pool), writes(pool) != 0, quant, page_size);
+        write_cache_rows(cache, s.write, {pool}, locs(pool), writes(pool) != 0, quant, page_size,
+                         !this->get_target().has_feature(Target::LargeBuffers));
         if (words()) {
             code_rows_of_words(Func(cache).output_buffers()[0], {2});  // (d, token, page): tokens 128 apart
         }

@@ -193,7 +193,8 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb, ring_math);
     Expr completes = w.stashes && w.position % P == P - 1 && w.block < in.tail.dim(3).extent();
     Divisor page_math(Func(cache).output_buffers()[0].dim(1).extent(), s.pow2_ring_and_page);
-    write_cache_rows(cache, s.write, {wt, wb}, slots_in(wt, wb), completes, s.compress.rotate.quant, page_math);
+    write_cache_rows(cache, s.write, {wt, wb}, slots_in(wt, wb), completes, s.compress.rotate.quant, page_math,
+                     !plan.target.has_feature(Target::LargeBuffers));
 
     in.tail.dim(0).set_bounds(0, kHeadDim);
     in.tail.dim(1).set_stride(kHeadDim);
