@@ -294,13 +294,14 @@ void write_cache_rows(Func cache, RDom &write, const std::vector<Expr> &row, Exp
         first_slot = saturating_cast<int32_t>(first_slot);
         last_slot = saturating_cast<int32_t>(last_slot);
     }
-    write.where(writes && loc >= 0 && loc >= first_slot && loc <= last_slot);
+    write.where(writes && loc >= first_slot && loc <= last_slot);  // first_slot >= 0: no sentinel passes
     // A window of 32-bit offsets holds fewer than 2^31 bytes, so fewer slots:
     // there a slot's place in it divides in 32 bits (a 64-bit division is a
     // software routine three times as long).
     Expr slot_in_window = loc - first_slot;
     if (offsets_32bit) {
-        slot_in_window = cast<int32_t>(slot_in_window);
+        // The low words' difference, wrapping: exact below 2^31.
+        slot_in_window = cast<int32_t>(cast<uint32_t>(loc) - cast<uint32_t>(first_slot));
     }
     CacheSlot slot = cache_slot(slot_in_window, page, first_page, num_pages);
     Expr d = write.x;

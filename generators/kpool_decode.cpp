@@ -193,8 +193,11 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     DecodeToken w = decode_token(positions_in, tail_slots_in, wt, wb, ring_math);
     Expr completes = w.stashes && w.position % P == P - 1 && w.block < in.tail.dim(3).extent();
     Divisor page_math(Func(cache).output_buffers()[0].dim(1).extent(), s.pow2_ring_and_page);
+    // offsets_32bit false: the int64-index kernels keep the 64-bit division
+    // of a completing slot (once per completion); the 32-bit form moved
+    // decode_write_cache's P=8 kernels, at the register cap, into spills.
     write_cache_rows(cache, s.write, {wt, wb}, slots_in(wt, wb), completes, s.compress.rotate.quant, page_math,
-                     !plan.target.has_feature(Target::LargeBuffers));
+                     /*offsets_32bit=*/false);
 
     in.tail.dim(0).set_bounds(0, kHeadDim);
     in.tail.dim(1).set_stride(kHeadDim);
