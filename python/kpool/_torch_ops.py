@@ -103,10 +103,16 @@ def _append_tail_out(topk_result, pool_size):
 
 
 # --- kernels: outputs allocated, then the C call -----------------------------------
+# The extension allocates the outputs itself where it can (its NAME_new
+# functions, a µs less per output); NotImplemented leaves them to the
+# functions above, whose checks name a wrong argument.
 def _fwht_kernel(q):
-    q_fp8, q_scale = _fwht_outputs(q)
-    _calls.torch_calls().fwht128_quant_fp8(q, q_fp8, q_scale)
-    return q_fp8, q_scale
+    calls = _calls.torch_calls()
+    outputs = calls.fwht128_quant_fp8_new(q)
+    if outputs is NotImplemented:
+        outputs = _fwht_outputs(q)
+        calls.fwht128_quant_fp8(q, *outputs)
+    return outputs
 
 
 def _compress_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim, round_scale,
@@ -118,11 +124,14 @@ def _compress_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_si
 
 def _compress_to_rows_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim, round_scale,
                              write_cache):
-    compressed_k, compressed_scale = _compressed_rows(slot_k)
-    _calls.torch_calls().compress_and_write_cache(kv_cache if write_cache else None, slot_k, slot_score, ape, loc,
-                                                  write_mask, compressed_k, compressed_scale, pool_size, head_dim,
-                                                  round_scale, write_cache)
-    return compressed_k, compressed_scale
+    inputs = (kv_cache if write_cache else None, slot_k, slot_score, ape, loc, write_mask)
+    params = (pool_size, head_dim, round_scale, write_cache)
+    calls = _calls.torch_calls()
+    rows = calls.compress_and_write_cache_new(*inputs, *params)
+    if rows is NotImplemented:
+        rows = _compressed_rows(slot_k)
+        calls.compress_and_write_cache(*inputs, *rows, *params)
+    return rows
 
 
 def _seed_kernel(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
@@ -142,22 +151,29 @@ def _decode_op_kernel(*args):
 
 
 def _expand_and_append_kernel(pool_ids, seq_lens, pool_size, bound_pool_ids):
-    out = _expand_and_append_out(pool_ids, pool_size)
-    _calls.torch_calls().expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids)
+    calls = _calls.torch_calls()
+    out = calls.expand_pools_and_append_tail_new(pool_ids, seq_lens, pool_size, bound_pool_ids)
+    if out is NotImplemented:
+        out = _expand_and_append_out(pool_ids, pool_size)
+        calls.expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids)
     return out
 
 
 def _expand_to_tokens_kernel(group_ids, group_valid, page_table, topk_offsets, topk, pool_size):
-    out = _expand_to_tokens_out(group_ids, topk)
-    _calls.torch_calls().expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk,
-                                                pool_size)
+    calls = _calls.torch_calls()
+    out = calls.expand_pools_to_tokens_new(group_ids, group_valid, page_table, topk_offsets, topk, pool_size)
+    if out is NotImplemented:
+        out = _expand_to_tokens_out(group_ids, topk)
+        calls.expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size)
     return out
 
 
 def _append_tail_kernel(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size):
-    out = _append_tail_out(topk_result, pool_size)
-    _calls.torch_calls().append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out,
-                                             pool_size)
+    calls = _calls.torch_calls()
+    out = calls.append_tail_to_topk_new(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size)
+    if out is NotImplemented:
+        out = _append_tail_out(topk_result, pool_size)
+        calls.append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size)
     return out
 
 

@@ -250,6 +250,44 @@ def test_tensor_shim_reads_like_the_python_interface():
     assert _bytes_equal(q8.view(torch.uint8), want["q8"]) and _bytes_equal(qs, want["qs"])
 
 
+# The ops with outputs, and the extension's function that allocates them.
+ALLOCATING = {"fwht128_quant_fp8": "fwht128_quant_fp8_new", "compress_to_rows": "compress_and_write_cache_new",
+              "expand_pools_and_append_tail": "expand_pools_and_append_tail_new",
+              "expand_pools_to_tokens": "expand_pools_to_tokens_new", "append_tail_to_topk": "append_tail_to_topk_new"}
+
+
+def test_extension_allocates_outputs_like_the_python_kernels():
+    """The extension's NAME_new functions allocate the outputs through torch's
+    C shim: the tensors the Python kernels allocate (shape, dtype, strides,
+    device) with the same bytes; NotImplemented where the caller allocates."""
+    extension = _calls.torch_calls()
+    if extension is _calls.ctypes_calls:
+        pytest.skip("the _torch_calls extension is not built")
+    assert _calls.bind_output_allocator(extension, torch)
+    ours, python = _op_args(_state(8)), _op_args(_state(8))
+    extension.bind_output_allocator(None)  # the kernels allocate in Python until bound again
+    try:
+        want = {op: getattr(torch.ops.kpool, op).default(*python[op]) for op in ALLOCATING}
+        assert getattr(extension, ALLOCATING["fwht128_quant_fp8"])(*ours["fwht128_quant_fp8"]) is NotImplemented
+    finally:
+        assert _calls.bind_output_allocator(extension, torch)
+    for op, function in ALLOCATING.items():
+        got = getattr(extension, function)(*ours[op])
+        assert got is not NotImplemented, op
+        for g, w in zip(*((x,) if isinstance(x, torch.Tensor) else x for x in (got, want[op]))):
+            assert type(g) is torch.Tensor and g.device == w.device, op
+            assert (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride()), op
+            assert _bytes_equal(g, w), op
+    # Where the sizes cannot be taken from the arguments: the caller's checks name them.
+    q = _state(8)["q"]
+    for args in [(q.reshape(2, 12, D),), (torch.nn.Parameter(q, requires_grad=False),), (q.tolist(),), (q, q)]:
+        assert extension.fwht128_quant_fp8_new(*args) is NotImplemented
+    ids = ours["expand_pools_and_append_tail"]
+    assert extension.expand_pools_and_append_tail_new(ids[0], ids[1], 1 << 33, False) is NotImplemented
+    with pytest.raises(kpool.KpoolValueError, match="q has shape"):
+        torch.ops.kpool.fwht128_quant_fp8.default(q.reshape(2, 12, D))
+
+
 @pytest.mark.parametrize("path", ["extension", "extension, python reads", "ctypes"])
 def test_errors_name_the_argument_on_both_paths(path):
     extension = _calls.torch_calls()
