@@ -62,11 +62,15 @@ def _not_a_tensor(x, name):
     return KpoolTypeError(f"{name} is a {type(x).__name__}, expected a torch.Tensor")
 
 
-def _rows(x, name, ndim, what):
+def _require_dims(x, name, ndim, what):
     if not isinstance(x, Tensor):
         raise _not_a_tensor(x, name)
     if x.dim() != ndim:
         raise KpoolValueError(f"{name} has shape {list(x.shape)} ({x.dim()} dims), expected {what}")
+
+
+def _rows(x, name, ndim, what):
+    _require_dims(x, name, ndim, what)
     return x.shape[0]
 
 
@@ -147,7 +151,7 @@ def _decode_kernel(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, 
 
 
 def _decode_op_kernel(*args):
-    _decode_kernel(*args)
+    _calls.torch_calls().decode_update_and_maybe_write_cache_batched(*args)
 
 
 def _expand_and_append_kernel(pool_ids, seq_lens, pool_size, bound_pool_ids):
@@ -206,10 +210,14 @@ ops = torch.ops.kpool
 
 
 # --- the drop-in functions' torch side ------------------------------------------------
+_is_compiling = torch.compiler.is_compiling  # Dynamo folds it to True while it traces
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
 def _eager(t) -> bool:
     """Run the kernel directly: nothing is tracing this call (Dynamo, a
     dispatch mode such as fake tensors or make_fx) and t is a plain tensor."""
-    return not torch.compiler.is_compiling() and type(t) is Tensor and not torch._C._len_torch_dispatch_stack()
+    return not _is_compiling() and type(t) is Tensor and not _dispatch_modes()
 
 
 def _integer(x, name, dtype):
@@ -327,8 +335,8 @@ def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, 
 def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets):
     if topk_result.dtype != I32:
         raise KpoolTypeError(f"topk_result has dtype {str(topk_result.dtype).replace('torch.', '')}, expected int32")
-    _rows(seq_lens, "seq_lens", 1, "[rows]")
-    _rows(pool_lens, "pool_lens", 1, "[rows]")
+    _require_dims(seq_lens, "seq_lens", 1, "[rows]")
+    _require_dims(pool_lens, "pool_lens", 1, "[rows]")
     if pool_size == 1:
         return topk_result  # no tail; the reference returns its input too
     args = (topk_result, _integer(seq_lens, "seq_lens", I32), _integer(pool_lens, "pool_lens", I32),
