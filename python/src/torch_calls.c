@@ -583,25 +583,37 @@ done:
     return result;
 }
 
+/* The quantized rows fwht and compress return: [rows, 128] e4m3 codes at
+ * position `at` among the entry point's arguments, then their f32 scales
+ * ([rows, 1] or [rows]: scale_ndim), rows the first dim of args[like]. */
+static PyObject *quantized_rows_new(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                                    int like, int like_ndim, int at, int scale_ndim) {
+    kpool_tensor t;
+    if (nargs != want || !shaped_like(args[like], like_ndim, &t)) Py_RETURN_NOTIMPLEMENTED;
+    const outputs_spec out = {2, {at, at + 1}, {2, scale_ndim}, {{t.shape[0], KPOOL_HEAD_DIM}, {t.shape[0], 1}},
+                              {KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_FLOAT32}};
+    return run_new(op, args, nargs, &t, &out);
+}
+
 /* fwht128_quant_fp8_new(q) -> (q_fp8 [rows, 128] e4m3, q_scale [rows, 1] f32) */
 static PyObject *fwht128_quant_fp8_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    kpool_tensor q;
-    if (nargs != 1 || !shaped_like(args[0], 2, &q)) Py_RETURN_NOTIMPLEMENTED;
-    const outputs_spec out = {2, {1, 2}, {2, 2}, {{q.shape[0], KPOOL_HEAD_DIM}, {q.shape[0], 1}},
-                              {KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_FLOAT32}};
-    return run_new(&FWHT_SPEC, args, nargs, &q, &out);
+    return quantized_rows_new(&FWHT_SPEC, args, nargs, 1, 0, 2, 1, 2);
 }
 
 /* compress_and_write_cache_new(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim,
  * round_scale, write_cache) -> (compressed_k [n, 128] e4m3, compressed_scale [n] f32) */
 static PyObject *compress_and_write_cache_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    kpool_tensor slot_k;
-    if (nargs != 10 || !shaped_like(args[1], 3, &slot_k)) Py_RETURN_NOTIMPLEMENTED;
-    const outputs_spec out = {2, {6, 7}, {2, 1}, {{slot_k.shape[0], KPOOL_HEAD_DIM}, {slot_k.shape[0], 0}},
-                              {KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_FLOAT32}};
-    return run_new(&COMPRESS_SPEC, args, nargs, &slot_k, &out);
+    return quantized_rows_new(&COMPRESS_SPEC, args, nargs, 10, 1, 3, 6, 1);
+}
+
+/* The int32 token ids [rows, max(cols, 0)] the top-k helpers return, at
+ * position `at` among the entry point's arguments, rows those of like. */
+static PyObject *token_ids_new(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, const kpool_tensor *like,
+                               int at, int64_t cols) {
+    const outputs_spec out = {1, {at}, {2}, {{like->shape[0], cols > 0 ? cols : 0}}, {KPOOL_DTYPE_INT32}};
+    return run_new(op, args, nargs, like, &out);
 }
 
 /* expand_pools_and_append_tail_new(pool_ids, seq_lens, pool_size, bound_pool_ids)
@@ -613,8 +625,7 @@ static PyObject *expand_pools_and_append_tail_new(PyObject *self, PyObject *cons
     if (nargs != 4 || !shaped_like(args[0], 2, &ids) || !small_int(args[2], &pool_size) ||
         __builtin_mul_overflow(ids.shape[1], pool_size, &cols) || __builtin_add_overflow(cols, pool_size - 1, &cols))
         Py_RETURN_NOTIMPLEMENTED;
-    const outputs_spec out = {1, {2}, {2}, {{ids.shape[0], cols > 0 ? cols : 0}}, {KPOOL_DTYPE_INT32}};
-    return run_new(&EXPAND_AND_APPEND_SPEC, args, nargs, &ids, &out);
+    return token_ids_new(&EXPAND_AND_APPEND_SPEC, args, nargs, &ids, 2, cols);
 }
 
 /* expand_pools_to_tokens_new(group_ids, group_valid, page_table, topk_offsets, topk, pool_size)
@@ -624,8 +635,7 @@ static PyObject *expand_pools_to_tokens_new(PyObject *self, PyObject *const *arg
     kpool_tensor ids;
     int64_t topk;
     if (nargs != 6 || !shaped_like(args[0], 2, &ids) || !small_int(args[4], &topk)) Py_RETURN_NOTIMPLEMENTED;
-    const outputs_spec out = {1, {4}, {2}, {{ids.shape[0], topk > 0 ? topk : 0}}, {KPOOL_DTYPE_INT32}};
-    return run_new(&EXPAND_TO_TOKENS_SPEC, args, nargs, &ids, &out);
+    return token_ids_new(&EXPAND_TO_TOKENS_SPEC, args, nargs, &ids, 4, topk);
 }
 
 /* append_tail_to_topk_new(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size)
@@ -633,13 +643,11 @@ static PyObject *expand_pools_to_tokens_new(PyObject *self, PyObject *const *arg
 static PyObject *append_tail_to_topk_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     kpool_tensor result;
-    int64_t pool_size;
-    if (nargs != 6 || !shaped_like(args[0], 2, &result) || !small_int(args[5], &pool_size))
+    int64_t pool_size, cols;
+    if (nargs != 6 || !shaped_like(args[0], 2, &result) || !small_int(args[5], &pool_size) ||
+        __builtin_add_overflow(result.shape[1], pool_size - 1, &cols))
         Py_RETURN_NOTIMPLEMENTED;
-    int64_t cols;
-    if (__builtin_add_overflow(result.shape[1], pool_size - 1, &cols)) Py_RETURN_NOTIMPLEMENTED;
-    const outputs_spec out = {1, {5}, {2}, {{result.shape[0], cols > 0 ? cols : 0}}, {KPOOL_DTYPE_INT32}};
-    return run_new(&APPEND_TAIL_SPEC, args, nargs, &result, &out);
+    return token_ids_new(&APPEND_TAIL_SPEC, args, nargs, &result, 5, cols);
 }
 
 /* time_calls(name, calls, thread_clock, *arguments): the entry point of
