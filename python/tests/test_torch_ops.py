@@ -278,6 +278,27 @@ def test_extension_allocates_outputs_like_the_python_kernels():
             assert type(g) is torch.Tensor and g.device == w.device, op
             assert (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride()), op
             assert _bytes_equal(g, w), op
+    # Empty outputs: the strides torch gives a size 0 (a C API rejection must be the same on both paths).
+    s = _state(8)
+    empty = {"fwht128_quant_fp8": (s["q"][:0],),
+             "expand_pools_to_tokens": (s["pool_ids"][:, :0], s["pool_ids"][:, :0] >= 0, None, None, 0, P)}
+    for op, args in empty.items():
+        results = []
+        for allocate in (True, False):
+            if not allocate:
+                extension.bind_output_allocator(None)
+            try:
+                results.append(getattr(torch.ops.kpool, op).default(*args))
+            except kpool.KpoolError as e:
+                results.append(f"{type(e).__name__}: {e}")
+            finally:
+                assert _calls.bind_output_allocator(extension, torch)
+        got, want = results
+        if isinstance(want, str):
+            assert got == want, op
+            continue
+        for g, w in zip(*((x,) if isinstance(x, torch.Tensor) else x for x in (got, want))):
+            assert (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride()), op
     # Where the sizes cannot be taken from the arguments: the caller's checks name them.
     q = _state(8)["q"]
     for args in [(q.reshape(2, 12, D),), (torch.nn.Parameter(q, requires_grad=False),), (q.tolist(),), (q, q)]:
