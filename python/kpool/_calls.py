@@ -221,11 +221,11 @@ def bind_tensor_shim(module, torch) -> bool:
 def bind_output_allocator(module, torch) -> bool:
     """Lets the extension's ``*_new`` functions allocate outputs through
     torch's C shim (aoti_torch_empty_strided, wrapped as tensors by
-    torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr) once a probe
+    torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs) once a probe
     allocated that way reads back right. Returns whether they do; when they
     do not, they return NotImplemented and the caller allocates."""
     lib = _torch_shim(torch)
-    steal = getattr(getattr(torch._C, "_aoti", None), "alloc_tensor_by_stealing_from_void_ptr", None)
+    steal = getattr(getattr(torch._C, "_aoti", None), "alloc_tensors_by_stealing_from_void_ptrs", None)
     shim = [getattr(lib, "aoti_torch_" + name, None) for name in ("empty_strided", "delete_tensor_object")]
     if steal is None or None in shim:
         return module.bind_output_allocator(None)

@@ -149,8 +149,8 @@ static struct {
     /* Outputs allocated here (the *_new functions below), once
      * bind_output_allocator() has checked them: aoti_torch_empty_strided,
      * aoti_torch_delete_tensor_object, and
-     * torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr, which turns the
-     * at::Tensor it returns into a torch.Tensor. */
+     * torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs, which turns
+     * the at::Tensors it returns (in capsules) into torch.Tensors. */
     int32_t (*empty_strided)(int64_t ndim, const int64_t *sizes, const int64_t *strides, int32_t dtype,
                              int32_t device_type, int32_t device_index, void **tensor);
     int32_t (*delete_tensor)(void *tensor);
@@ -534,28 +534,45 @@ static int small_int(PyObject *v, int64_t *out) {
     return i >= INT32_MIN && i <= INT32_MAX;
 }
 
-/* A new contiguous tensor on like's device (torch's strides: each the
- * product of the later sizes, a size 0 counted as 1); NULL with no error
- * set when the shim cannot make it, NULL with an error when wrapping it
- * failed. */
-static PyObject *new_tensor(const kpool_tensor *like, int ndim, const int64_t *sizes, kpool_dtype dtype) {
-    int64_t strides[MAX_OUTPUT_DIMS];
-    int64_t step = 1;
-    for (int k = ndim - 1; k >= 0; k--) {
-        strides[k] = step;
-        step *= sizes[k] > 1 ? sizes[k] : 1;
-    }
+/* out's tensors, new and contiguous on like's device (torch's strides: each
+ * the product of the later sizes, a size 0 counted as 1), into tensors[]:
+ * 1; 0 with no error set when the shim cannot make them; -1 with an error
+ * when wrapping them failed. The list form of torch's stealing function
+ * takes over the at::Tensor handles (moves each into its torch.Tensor and
+ * deletes the handle), one call for all outputs. */
+static int new_outputs(const kpool_tensor *like, const outputs_spec *out, PyObject **tensors) {
     const int cuda = like->device == KPOOL_DEVICE_CUDA;
-    void *handle = NULL;
-    if (shim.empty_strided(ndim, sizes, strides, shim.dtypes[dtype], cuda ? shim.cuda : shim.cpu,
-                           cuda ? like->device_index : -1, &handle) ||
-        !handle)
-        return NULL;
-    PyObject *address = PyCapsule_New(handle, NULL, NULL);
-    PyObject *tensor = address ? PyObject_CallFunctionObjArgs(shim.steal, address, NULL) : NULL;
-    Py_XDECREF(address);
-    if (!tensor) shim.delete_tensor(handle);
-    return tensor;
+    void *handles[MAX_OUTPUTS] = {NULL, NULL};
+    PyObject *capsules = PyList_New(out->count);
+    int made = capsules ? 1 : -1;
+    for (int i = 0; i < out->count && made == 1; i++) {
+        int64_t strides[MAX_OUTPUT_DIMS];
+        int64_t step = 1;
+        for (int k = out->ndim[i] - 1; k >= 0; k--) {
+            strides[k] = step;
+            step *= out->sizes[i][k] > 1 ? out->sizes[i][k] : 1;
+        }
+        if (shim.empty_strided(out->ndim[i], out->sizes[i], strides, shim.dtypes[out->dtype[i]],
+                               cuda ? shim.cuda : shim.cpu, cuda ? like->device_index : -1, &handles[i]) ||
+            !handles[i]) {
+            handles[i] = NULL;
+            made = 0;
+            break;
+        }
+        PyObject *capsule = PyCapsule_New(handles[i], NULL, NULL);
+        if (!capsule) made = -1;
+        else PyList_SetItem(capsules, i, capsule); /* steals the capsule */
+    }
+    PyObject *list = made == 1 ? PyObject_CallFunctionObjArgs(shim.steal, capsules, NULL) : NULL;
+    Py_XDECREF(capsules);
+    if (!list) { /* the handles were not taken over */
+        for (int i = 0; i < out->count; i++)
+            if (handles[i]) shim.delete_tensor(handles[i]);
+        return made == 1 ? -1 : made;
+    }
+    for (int i = 0; i < out->count; i++) tensors[i] = Py_NewRef(PyList_GetItem(list, i));
+    Py_DECREF(list);
+    return 1;
 }
 
 /* Allocates the outputs, runs op on args with them inserted, returns them
@@ -564,22 +581,20 @@ static PyObject *run_new(const op_spec *op, PyObject *const *args, Py_ssize_t na
                          const outputs_spec *out) {
     PyObject *tensors[MAX_OUTPUTS] = {NULL, NULL};
     PyObject *full[MAX_TENSORS + 4];
-    PyObject *result = NULL;
-    for (int i = 0; i < out->count; i++) {
-        tensors[i] = new_tensor(like, out->ndim[i], out->sizes[i], out->dtype[i]);
-        if (!tensors[i]) {
-            result = PyErr_Occurred() ? NULL : Py_NewRef(Py_NotImplemented);
-            goto done;
-        }
+    const int made = new_outputs(like, out, tensors);
+    if (made <= 0) {
+        if (made < 0) return NULL;
+        Py_RETURN_NOTIMPLEMENTED;
     }
+    PyObject *result = NULL;
     for (Py_ssize_t i = 0, from = 0, o = 0; i < nargs + out->count; i++)
         full[i] = o < out->count && out->at[o] == i ? tensors[o++] : args[from++];
     PyObject *skipped = run(op, full, nargs + out->count);
-    if (!skipped) goto done;
-    Py_DECREF(skipped);
-    result = out->count == 1 ? Py_NewRef(tensors[0]) : PyTuple_Pack(2, tensors[0], tensors[1]);
-done:
-    for (int i = 0; i < out->count; i++) Py_XDECREF(tensors[i]);
+    if (skipped) {
+        Py_DECREF(skipped);
+        result = out->count == 1 ? Py_NewRef(tensors[0]) : PyTuple_Pack(2, tensors[0], tensors[1]);
+    }
+    for (int i = 0; i < out->count; i++) Py_DECREF(tensors[i]);
     return result;
 }
 
@@ -818,7 +833,7 @@ static PyObject *bind_tensor_shim(PyObject *self, PyObject *const *args, Py_ssiz
 /* bind_output_allocator(empty_strided, delete_tensor_object, steal) -> bool:
  * the addresses of aoti_torch_empty_strided and
  * aoti_torch_delete_tensor_object, and
- * torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr. Turns the *_new
+ * torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs. Turns the *_new
  * functions on once the shim reads tensors (bind_tensor_shim) and a probe
  * allocated through them reads back as the torch.Tensor asked for; returns
  * whether they allocate. bind_output_allocator(None): never. */
@@ -839,20 +854,25 @@ static PyObject *bind_output_allocator(PyObject *self, PyObject *const *args, Py
                                      void **))empty_strided;
     shim.delete_tensor = (int32_t(*)(void *))delete_tensor;
     replace(&shim.steal, args[2]);
-    /* the probe: an int32 [3, 5] on the CPU, read back through the shim */
+    /* the probe: an int32 [3, 5] on the CPU, read back through the shim, held by its torch.Tensor alone
+     * (a stealing function that copied the at::Tensor without deleting the handle would leak each output) */
     kpool_tensor like, probe;
     memset(&like, 0, sizeof like);
     memset(&probe, 0, sizeof probe);
     like.device = KPOOL_DEVICE_CPU;
-    const int64_t sizes[2] = {3, 5};
-    PyObject *tensor = new_tensor(&like, 2, sizes, KPOOL_DTYPE_INT32);
-    if (!tensor) { /* a torch whose functions take other arguments: allocate in Python */
+    const outputs_spec out = {1, {0}, {2}, {{3, 5}}, {KPOOL_DTYPE_INT32}};
+    PyObject *tensor = NULL;
+    if (new_outputs(&like, &out, &tensor) <= 0) { /* a torch whose functions take other arguments */
         replace(&shim.steal, NULL);
         PyErr_Clear();
         Py_RETURN_FALSE;
     }
-    const int agrees = read_native(tensor, &probe) && probe.dtype == KPOOL_DTYPE_INT32 && probe.ndim == 2 &&
-                       probe.shape[0] == 3 && probe.shape[1] == 5 && probe.strides[0] == 5 &&
+    PyObject *uses = PyObject_CallMethod(tensor, "_use_count", NULL);
+    const long use_count = uses ? PyLong_AsLong(uses) : -1;
+    Py_XDECREF(uses);
+    PyErr_Clear();
+    const int agrees = use_count == 1 && read_native(tensor, &probe) && probe.dtype == KPOOL_DTYPE_INT32 &&
+                       probe.ndim == 2 && probe.shape[0] == 3 && probe.shape[1] == 5 && probe.strides[0] == 5 &&
                        probe.strides[1] == 1 && probe.device == KPOOL_DEVICE_CPU && probe.data;
     Py_DECREF(tensor);
     if (!agrees) replace(&shim.steal, NULL);

@@ -136,4 +136,5 @@ def test_outputs_are_allocated_on_the_inputs_device(extension):
             torch.cuda.synchronize(device)
             for g, w in zip(*((x,) if isinstance(x, torch.Tensor) else x for x in (got, want[op]))):
                 assert g.device == device and (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride()), op
+                assert g._use_count() == 1, f"{op}: the output's at::Tensor handle is still held (a leak)"
                 assert _bytes_equal(g, w), op

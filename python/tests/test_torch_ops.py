@@ -10,6 +10,7 @@ the engine-shaped module against the reference) is test_gpu_torch_compile.py.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import sys
@@ -276,8 +277,18 @@ def test_extension_allocates_outputs_like_the_python_kernels():
         assert got is not NotImplemented, op
         for g, w in zip(*((x,) if isinstance(x, torch.Tensor) else x for x in (got, want[op]))):
             assert type(g) is torch.Tensor and g.device == w.device, op
+            assert g._use_count() == 1, f"{op}: the output's at::Tensor handle is still held (a leak)"
             assert (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride()), op
             assert _bytes_equal(g, w), op
+    # A wrapping function that copies the at::Tensor and keeps the handle (each output would leak) is refused.
+    lib = _calls._torch_shim(torch)
+    shim = [ctypes.cast(getattr(lib, "aoti_torch_" + f), ctypes.c_void_p).value
+            for f in ("empty_strided", "delete_tensor_object")]
+    try:
+        assert not extension.bind_output_allocator(*shim, torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr)
+        assert extension.fwht128_quant_fp8_new(ours["fwht128_quant_fp8"][0]) is NotImplemented
+    finally:
+        assert _calls.bind_output_allocator(extension, torch)
     # Empty outputs: the strides torch gives a size 0 (a C API rejection must be the same on both paths).
     s = _state(8)
     empty = {"fwht128_quant_fp8": (s["q"][:0],),
