@@ -570,6 +570,11 @@ static int new_outputs(const kpool_tensor *like, const outputs_spec *out, PyObje
             if (handles[i]) shim.delete_tensor(handles[i]);
         return made == 1 ? -1 : made;
     }
+    if (!PyList_Check(list) || PyList_Size(list) != out->count) { /* bind_output_allocator's probe saw a list */
+        Py_DECREF(list);
+        PyErr_SetString(runtime_error, "kpool: torch's stealing function returned no list of the outputs");
+        return -1;
+    }
     for (int i = 0; i < out->count; i++) tensors[i] = Py_NewRef(PyList_GetItem(list, i));
     Py_DECREF(list);
     return 1;
