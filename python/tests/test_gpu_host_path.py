@@ -121,7 +121,7 @@ def test_outputs_are_allocated_on_the_inputs_device(extension):
     """The extension's NAME_new functions allocate on the device of the
     input the outputs follow, also when it is not the current device (with
     two GPUs), with the Python kernels' bytes (the shim-off path)."""
-    assert _calls.bind_output_allocator(extension, torch)
+    assert _calls.bind_tensor_shim(extension, torch) and _calls.bind_output_allocator(extension, torch)
     for index in range(min(torch.cuda.device_count(), 2)):
         device = torch.device("cuda", index)
         ours, python = _op_args(_on_device(23, device)), _op_args(_on_device(23, device))

@@ -264,7 +264,7 @@ def test_extension_allocates_outputs_like_the_python_kernels():
     extension = _calls.torch_calls()
     if extension is _calls.ctypes_calls:
         pytest.skip("the _torch_calls extension is not built")
-    assert _calls.bind_output_allocator(extension, torch)
+    assert _calls.bind_tensor_shim(extension, torch) and _calls.bind_output_allocator(extension, torch)
     ours, python = _op_args(_state(8)), _op_args(_state(8))
     extension.bind_output_allocator(None)  # the kernels allocate in Python until bound again
     try:
