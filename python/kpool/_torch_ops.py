@@ -108,7 +108,7 @@ def _append_tail_out(topk_result, pool_size):
 
 # --- kernels: outputs allocated, then the C call -----------------------------------
 # The extension allocates the outputs itself where it can (its NAME_new
-# functions, a µs less per output); NotImplemented leaves them to the
+# functions, in about half the time per output); NotImplemented leaves them to the
 # functions above, whose checks name a wrong argument.
 def _fwht_kernel(q):
     calls = _calls.torch_calls()

@@ -497,8 +497,8 @@ ENTRY(append_tail_to_topk, APPEND_TAIL_SPEC)
  * output is allocated through the shim (aoti_torch_empty_strided, what
  * torch.empty runs below Python: on the device of the input it follows,
  * through torch's caching allocator on CUDA, so a CUDA graph's capture takes
- * it as it takes torch.empty's) and wrapped as a torch.Tensor, a µs less per
- * output than a Tensor.new_empty from Python. They return NotImplemented
+ * it as it takes torch.empty's) and wrapped as a torch.Tensor, in about half
+ * the time of a Tensor.new_empty from Python. They return NotImplemented
  * where they do not allocate: bind_output_allocator() not called or its
  * probe failed, the input the outputs follow not a plain tensor the shim
  * reads or not of the dims they are shaped from, an int the sizes cannot be
