@@ -20,9 +20,11 @@ samples; the median sample's µs per call is printed for:
 
 Then where ours goes, per op, each part measured on the same tensors:
 
-  python      ours minus the extension's function called alone on the same
-              tensors (outputs allocated beforehand): the drop-in layers and
-              the output allocation
+  python      ours minus the extension's call the drop-in makes, called
+              alone: the drop-in's Python layers
+  outputs     that call (which allocates the outputs in C, through torch's
+              C shim: fwht, expand, append) minus the extension's function
+              given outputs allocated beforehand: the output allocation
   read        the extension's function minus the entry point alone
               (_torch_calls.time_calls: the C call repeated on descriptors
               read once): reading the tensors and torch's current stream
@@ -75,11 +77,13 @@ LAUNCHES = 1
 
 
 def op_calls(kt, gen, torch, rows):
-    """(name, call(lib), extension function, its arguments) per op: the
-    drop-in functions on ``rows`` rows, pools, requests (a decode step's
-    sizes on CUDA; one on the CPU, where the kernels run inside the call),
-    and the extension's call that the drop-in makes (outputs allocated
-    here)."""
+    """(name, call(lib), extension function, its arguments, allocating
+    arguments) per op: the drop-in functions on ``rows`` rows, pools,
+    requests (a decode step's sizes on CUDA; one on the CPU, where the
+    kernels run inside the call), and the extension's call that the drop-in
+    makes: the function given outputs allocated here, and for ops with
+    outputs the arguments of its ``_new`` form, which allocates them (None
+    for the others)."""
     P = 4
     fw = kt.fwht_inputs(gen, rows)
     c = kt.compress_inputs(gen, rows, P)
@@ -95,30 +99,34 @@ def op_calls(kt, gen, torch, rows):
     groups = ids.shape[1]
     return [
         ("fwht128_quant_fp8", lambda lib: lib.fwht128_quant_fp8(fw["q"]),
-         "fwht128_quant_fp8", (fw["q"], out((rows, 128), torch.float8_e4m3fn), out((rows, 1), torch.float32))),
+         "fwht128_quant_fp8", (fw["q"], out((rows, 128), torch.float8_e4m3fn), out((rows, 1), torch.float32)),
+         (fw["q"],)),
         ("kpool_compress_and_write_cache",
          lambda lib: lib.kpool_compress_and_write_cache(c["kv_cache"], c["slot_k"], c["slot_score"], c["ape"],
                                                         c["loc"], P),
          "compress_and_write_cache",
-         (c["kv_cache"], c["slot_k"], c["slot_score"], c["ape"], c["loc"], None, None, None, P, 128, 1, 1)),
+         (c["kv_cache"], c["slot_k"], c["slot_score"], c["ape"], c["loc"], None, None, None, P, 128, 1, 1), None),
         ("kpool_seed_tail_cache",
          lambda lib: lib.kpool_seed_tail_cache(s["tail_kv_cache"], s["key"], s["gate_score"], s["tslot"], P),
-         "seed_tail_cache", (s["tail_kv_cache"], s["key"], s["gate_score"], s["tslot"], P, 128)),
+         "seed_tail_cache", (s["tail_kv_cache"], s["key"], s["gate_score"], s["tslot"], P, 128), None),
         ("kpool_decode_update_and_maybe_write_cache_batched",
          lambda lib: lib.kpool_decode_update_and_maybe_write_cache_batched(
              d["kv_cache"], d["tail_kv_cache"], d["tail_slot_mapping"], d["key"], d["slot_score"], d["ape"],
              d["slot_mapping"], d["positions"], P),
          "decode_update_and_maybe_write_cache_batched",
          (d["kv_cache"], d["tail_kv_cache"], d["tail_slot_mapping"], d["key"], d["slot_score"], d["ape"],
-          d["slot_mapping"], d["positions"], P, 128, 1)),
+          d["slot_mapping"], d["positions"], P, 128, 1), None),
         ("expand_pools_and_append_tail", lambda lib: lib.expand_pools_and_append_tail(ids, seq, P),
-         "expand_pools_and_append_tail", (ids, seq, out((rows, groups * P + P - 1), torch.int32), P, 0)),
+         "expand_pools_and_append_tail", (ids, seq, out((rows, groups * P + P - 1), torch.int32), P, 0),
+         (ids, seq, P, False)),
         ("expand_pools_to_tokens",
          lambda lib: lib.expand_pools_to_tokens(ids, e["group_valid"], kt.TOPK, P),
-         "expand_pools_to_tokens", (ids, e["group_valid"], None, None, out((rows, kt.TOPK), torch.int32), kt.TOPK, P)),
+         "expand_pools_to_tokens", (ids, e["group_valid"], None, None, out((rows, kt.TOPK), torch.int32), kt.TOPK, P),
+         (ids, e["group_valid"], None, None, kt.TOPK, P)),
         ("append_tail_to_topk", lambda lib: lib.append_tail_to_topk(expanded, seq, e["pool_lens"], P),
          "append_tail_to_topk",
-         (expanded, seq, e["pool_lens"], None, None, out((rows, kt.TOPK + P - 1), torch.int32), P)),
+         (expanded, seq, e["pool_lens"], None, None, out((rows, kt.TOPK + P - 1), torch.int32), P),
+         (expanded, seq, e["pool_lens"], None, None, P)),
     ]
 
 
@@ -238,7 +246,7 @@ def main(argv=None):
     names = [p for p, _ in paths]
     print(f"{'op':<52}" + "".join(f"{n:>11}" for n in names) + "   ours <= 10 µs")
     rows = []
-    for op, call, _, _ in calls:
+    for op, call, _, _, _ in calls:
         row = dict(op=op)
         for path, lib in paths:
             if path == "ctypes":
@@ -264,18 +272,24 @@ def main(argv=None):
             print(f"launch floor: {floor:.2f} µs per launch through Halide's runtime")
         else:
             print(f"launch floor: n/a ({floor_text})")
-        parts = ["python", "read", "C API", "launches"]
+        parts = ["python", "outputs", "read", "C API", "launches"]
         print(f"where ours goes, µs per call (ours = {' + '.join(parts)})")
         print(f"  {'op':<50}{'ours':>9}" + "".join(f"{n:>10}" for n in parts))
-        for row, (_, _, function, args) in zip(rows, calls):
+        for row, (_, _, function, args, new_args) in zip(rows, calls):
             fn = getattr(extension, function)
             extension_us = host_us(torch, lambda: fn(*args), a.calls, a.samples, cuda, clock)
+            allocating_us = extension_us
+            if new_args is not None:
+                new = getattr(extension, function + "_new")
+                allocating_us = host_us(torch, lambda: new(*new_args), a.calls, a.samples, cuda, clock)
             entry_us = median_us(torch, lambda: extension.time_calls(function, a.calls, thread_clock, *args),
                                  a.samples, cuda)
             launches_us = LAUNCHES * floor if floor else 0.0
-            row.update(extension=extension_us, entry_point=entry_us, launches=LAUNCHES if cuda else 0,
+            row.update(extension_allocating=allocating_us, extension=extension_us, entry_point=entry_us,
+                       launches=LAUNCHES if cuda else 0,
                        launch_floor=launches_us if floor else None)
-            split = (row["ours"] - extension_us, extension_us - entry_us, entry_us - launches_us, launches_us)
+            split = (row["ours"] - allocating_us, allocating_us - extension_us, extension_us - entry_us,
+                     entry_us - launches_us, launches_us)
             print(f"  {row['op']:<50}{row['ours']:>9.2f}" + "".join(f"{v:>10.2f}" for v in split))
         if cuda and floor:
             print(floor_text.rstrip())

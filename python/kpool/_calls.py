@@ -113,7 +113,20 @@ def _append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offs
                 c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), pool_size)
 
 
-ctypes_calls = types.SimpleNamespace(**{name: globals()["_" + name] for name, _ in ENTRY_POINTS})
+# The calls with outputs, which the extension also has as NAME_new: the
+# call's arguments without its outputs, which it allocates and returns (or
+# NotImplemented where the caller allocates them). The ctypes functions leave
+# that to the caller.
+ALLOCATING = ("fwht128_quant_fp8", "compress_and_write_cache", "expand_pools_and_append_tail",
+              "expand_pools_to_tokens", "append_tail_to_topk")
+
+
+def _caller_allocates(*args):
+    return NotImplemented
+
+
+ctypes_calls = types.SimpleNamespace(**{name: globals()["_" + name] for name, _ in ENTRY_POINTS},
+                                     **{name + "_new": _caller_allocates for name in ALLOCATING})
 
 _lock = threading.Lock()
 _torch_calls = None
@@ -155,8 +168,8 @@ def _load_extension():
     dtypes = tuple(torch_dtype_of_code(torch, code) for code in range(_lib.KPOOL_DTYPES))
     module.bind(addresses, dtypes, _current_stream, _lib.error_for, _lib.KpoolTypeError, _lib.KpoolValueError,
                 _lib.KpoolRuntimeError)
-    if os.environ.get(SHIM_ENV) != "0":
-        bind_tensor_shim(module, torch)
+    if os.environ.get(SHIM_ENV) != "0" and bind_tensor_shim(module, torch):
+        bind_output_allocator(module, torch)
     _configure(module)
     return module
 
@@ -203,6 +216,20 @@ def bind_tensor_shim(module, torch) -> bool:
     return module.bind_tensor_shim(getters, dtypes, (code("layout_strided"), code("device_type_cpu"),
                                                      code("device_type_cuda")), torch.Tensor, probes,
                                    _current_stream_getter(torch))
+
+
+def bind_output_allocator(module, torch) -> bool:
+    """Lets the extension's ``*_new`` functions allocate outputs through
+    torch's C shim (aoti_torch_empty_strided, wrapped as tensors by
+    torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs) once a probe
+    allocated that way reads back right. Returns whether they do; when they
+    do not, they return NotImplemented and the caller allocates."""
+    lib = _torch_shim(torch)
+    steal = getattr(getattr(torch._C, "_aoti", None), "alloc_tensors_by_stealing_from_void_ptrs", None)
+    shim = [getattr(lib, "aoti_torch_" + name, None) for name in ("empty_strided", "delete_tensor_object")]
+    if steal is None or None in shim:
+        return module.bind_output_allocator(None)
+    return module.bind_output_allocator(*(ctypes.cast(f, ctypes.c_void_p).value for f in shim), steal)
 
 
 def _current_stream_getter(torch) -> int:

@@ -62,11 +62,15 @@ def _not_a_tensor(x, name):
     return KpoolTypeError(f"{name} is a {type(x).__name__}, expected a torch.Tensor")
 
 
-def _rows(x, name, ndim, what):
+def _require_dims(x, name, ndim, what):
     if not isinstance(x, Tensor):
         raise _not_a_tensor(x, name)
     if x.dim() != ndim:
         raise KpoolValueError(f"{name} has shape {list(x.shape)} ({x.dim()} dims), expected {what}")
+
+
+def _rows(x, name, ndim, what):
+    _require_dims(x, name, ndim, what)
     return x.shape[0]
 
 
@@ -103,10 +107,16 @@ def _append_tail_out(topk_result, pool_size):
 
 
 # --- kernels: outputs allocated, then the C call -----------------------------------
+# The extension allocates the outputs itself where it can (its NAME_new
+# functions, in about half the time per output); NotImplemented leaves them to the
+# functions above, whose checks name a wrong argument.
 def _fwht_kernel(q):
-    q_fp8, q_scale = _fwht_outputs(q)
-    _calls.torch_calls().fwht128_quant_fp8(q, q_fp8, q_scale)
-    return q_fp8, q_scale
+    calls = _calls.torch_calls()
+    outputs = calls.fwht128_quant_fp8_new(q)
+    if outputs is NotImplemented:
+        outputs = _fwht_outputs(q)
+        calls.fwht128_quant_fp8(q, *outputs)
+    return outputs
 
 
 def _compress_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim, round_scale,
@@ -118,11 +128,14 @@ def _compress_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_si
 
 def _compress_to_rows_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim, round_scale,
                              write_cache):
-    compressed_k, compressed_scale = _compressed_rows(slot_k)
-    _calls.torch_calls().compress_and_write_cache(kv_cache if write_cache else None, slot_k, slot_score, ape, loc,
-                                                  write_mask, compressed_k, compressed_scale, pool_size, head_dim,
-                                                  round_scale, write_cache)
-    return compressed_k, compressed_scale
+    inputs = (kv_cache if write_cache else None, slot_k, slot_score, ape, loc, write_mask)
+    params = (pool_size, head_dim, round_scale, write_cache)
+    calls = _calls.torch_calls()
+    rows = calls.compress_and_write_cache_new(*inputs, *params)
+    if rows is NotImplemented:
+        rows = _compressed_rows(slot_k)
+        calls.compress_and_write_cache(*inputs, *rows, *params)
+    return rows
 
 
 def _seed_kernel(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
@@ -138,26 +151,33 @@ def _decode_kernel(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, 
 
 
 def _decode_op_kernel(*args):
-    _decode_kernel(*args)
+    _calls.torch_calls().decode_update_and_maybe_write_cache_batched(*args)
 
 
 def _expand_and_append_kernel(pool_ids, seq_lens, pool_size, bound_pool_ids):
-    out = _expand_and_append_out(pool_ids, pool_size)
-    _calls.torch_calls().expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids)
+    calls = _calls.torch_calls()
+    out = calls.expand_pools_and_append_tail_new(pool_ids, seq_lens, pool_size, bound_pool_ids)
+    if out is NotImplemented:
+        out = _expand_and_append_out(pool_ids, pool_size)
+        calls.expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids)
     return out
 
 
 def _expand_to_tokens_kernel(group_ids, group_valid, page_table, topk_offsets, topk, pool_size):
-    out = _expand_to_tokens_out(group_ids, topk)
-    _calls.torch_calls().expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk,
-                                                pool_size)
+    calls = _calls.torch_calls()
+    out = calls.expand_pools_to_tokens_new(group_ids, group_valid, page_table, topk_offsets, topk, pool_size)
+    if out is NotImplemented:
+        out = _expand_to_tokens_out(group_ids, topk)
+        calls.expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size)
     return out
 
 
 def _append_tail_kernel(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size):
-    out = _append_tail_out(topk_result, pool_size)
-    _calls.torch_calls().append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out,
-                                             pool_size)
+    calls = _calls.torch_calls()
+    out = calls.append_tail_to_topk_new(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size)
+    if out is NotImplemented:
+        out = _append_tail_out(topk_result, pool_size)
+        calls.append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size)
     return out
 
 
@@ -190,10 +210,14 @@ ops = torch.ops.kpool
 
 
 # --- the drop-in functions' torch side ------------------------------------------------
+_is_compiling = torch.compiler.is_compiling  # Dynamo folds it to True while it traces
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
 def _eager(t) -> bool:
     """Run the kernel directly: nothing is tracing this call (Dynamo, a
     dispatch mode such as fake tensors or make_fx) and t is a plain tensor."""
-    return not torch.compiler.is_compiling() and type(t) is Tensor and not torch._C._len_torch_dispatch_stack()
+    return not _is_compiling() and type(t) is Tensor and not _dispatch_modes()
 
 
 def _integer(x, name, dtype):
@@ -311,8 +335,8 @@ def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, 
 def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets):
     if topk_result.dtype != I32:
         raise KpoolTypeError(f"topk_result has dtype {str(topk_result.dtype).replace('torch.', '')}, expected int32")
-    _rows(seq_lens, "seq_lens", 1, "[rows]")
-    _rows(pool_lens, "pool_lens", 1, "[rows]")
+    _require_dims(seq_lens, "seq_lens", 1, "[rows]")
+    _require_dims(pool_lens, "pool_lens", 1, "[rows]")
     if pool_size == 1:
         return topk_result  # no tail; the reference returns its input too
     args = (topk_result, _integer(seq_lens, "seq_lens", I32), _integer(pool_lens, "pool_lens", I32),

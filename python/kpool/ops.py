@@ -94,8 +94,8 @@ def _index(x, name, code):
     return _converted(x, name, code)
 
 
-def _torch(x) -> bool:
-    return _torch_ops is not None and isinstance(x, _torch_ops.Tensor)
+# What takes the torch path: isinstance(x, _TORCH_TENSOR), () without torch.
+_TORCH_TENSOR = _torch_ops.Tensor if _torch_ops is not None else ()
 
 
 # --- 1. FWHT + fp8 quant ----------------------------------------------------------
@@ -106,7 +106,7 @@ def fwht128_quant_fp8(q: Array) -> Tuple[Array, Array]:
     Returns ``(q_fp8 [rows, 128] float8_e4m3fn, q_scale [rows, 1] float32)``
     (numpy: uint8 codes and float32 scales).
     """
-    if _torch(q):
+    if isinstance(q, _TORCH_TENSOR):
         return _torch_ops.fwht128_quant_fp8(q)
     rows = require_ndim(q, "q", (2,), "[rows, 128]")[0]
     q_fp8 = empty(q, (rows, INDEX_HEAD_DIM), KPOOL_DTYPE_FLOAT8_E4M3FN)
@@ -143,7 +143,7 @@ def kpool_compress_and_write_cache(
     Returns ``(compressed_k [n, 128] float8_e4m3fn, compressed_scale [n]
     float32)`` when ``return_compressed``, else None.
     """
-    if _torch(slot_k):
+    if isinstance(slot_k, _TORCH_TENSOR):
         return _torch_ops.compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, pool_size, head_dim,
                                                    write_mask, round_scale, return_compressed, write_cache)
     n = require_ndim(slot_k, "slot_k", (3,), "[n_pools, pool_size, 128]")[0]
@@ -175,7 +175,7 @@ def kpool_seed_tail_cache(tail_kv_cache: Array, key: Array, gate_score: Array, t
     ``[n, 128]``; tslot int32 or int64 ``[n]`` (``block * RING + pos % RING``,
     negative = padding; other integer dtypes converted). Returns None.
     """
-    if _torch(key):
+    if isinstance(key, _TORCH_TENSOR):
         return _torch_ops.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, kpool, head_dim)
     if kpool_dtype(tslot, "tslot") not in (KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64):
         tslot = _converted(tslot, "tslot", KPOOL_DTYPE_INT32)  # int8, int16, uint8 ...: the same values
@@ -216,7 +216,7 @@ def kpool_decode_update_and_maybe_write_cache_batched(
     many such completions it skipped (as counted by the runtime); otherwise
     it returns None like the reference.
     """
-    if _torch(key):
+    if isinstance(key, _TORCH_TENSOR):
         return _torch_ops.decode_update_and_maybe_write_cache_batched(
             kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
             head_dim, round_scale, return_skipped)
@@ -261,7 +261,7 @@ def expand_pools_to_tokens(group_ids: Array, group_valid: Array, topk: int, pool
     ``group_valid`` is false; optionally through ``page_table [R >= rows, W]``
     (gather, index clamped to ``[0, W-1]``) or plus per-row ``topk_offsets``
     (``[rows]`` or ``[rows, 1]``), not both."""
-    if _torch(group_ids):
+    if isinstance(group_ids, _TORCH_TENSOR):
         return _torch_ops.expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets)
     rows = require_ndim(group_ids, "group_ids", (2,), "[rows, topk / pool_size]")[0]
     topk = _i32(topk, "topk")
@@ -284,7 +284,7 @@ def append_tail_to_topk(topk_result: Array, seq_lens: Array, pool_lens: Array, p
     With ``pool_size == 1`` there is no tail and ``topk_result`` itself is
     returned, as in the reference.
     """
-    if _torch(topk_result):
+    if isinstance(topk_result, _TORCH_TENSOR):
         return _torch_ops.append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets)
     if kpool_dtype(topk_result, "topk_result") != KPOOL_DTYPE_INT32:
         raise KpoolTypeError(f"topk_result has dtype {dtype_label(topk_result)}, expected int32")
@@ -312,7 +312,7 @@ def expand_pools_and_append_tail(pool_ids: Array, seq_lens: Array, pool_size: in
     ``bound_pool_ids=True`` also treats ids ``>= seq_len // P`` as -1 (off by
     default, for parity with the reference, which trusts them).
     """
-    if _torch(pool_ids):
+    if isinstance(pool_ids, _TORCH_TENSOR):
         return _torch_ops.expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids)
     rows, groups = require_ndim(pool_ids, "pool_ids", (2,), "[rows, n_groups]")
     pool_size = _i32(pool_size, "pool_size")

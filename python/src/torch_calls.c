@@ -146,6 +146,15 @@ static struct {
     int32_t dtypes[KPOOL_DTYPES]; /* the shim's code of each kpool_dtype; -1: none */
     int32_t strided, cpu, cuda;   /* its codes of the strided layout and the two devices */
     PyObject *tensor_type;        /* torch.Tensor itself: subclasses take the Python interface */
+    /* Outputs allocated here (the *_new functions below), once
+     * bind_output_allocator() has checked them: aoti_torch_empty_strided,
+     * aoti_torch_delete_tensor_object, and
+     * torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs, which turns
+     * the at::Tensors it returns (in capsules) into torch.Tensors. */
+    int32_t (*empty_strided)(int64_t ndim, const int64_t *sizes, const int64_t *strides, int32_t dtype,
+                             int32_t device_type, int32_t device_index, void **tensor);
+    int32_t (*delete_tensor)(void *tensor);
+    PyObject *steal;
 } shim;
 
 /* 1: *d holds t's dtype, shape, strides, data and device, read through the
@@ -481,6 +490,186 @@ ENTRY(expand_pools_and_append_tail, EXPAND_AND_APPEND_SPEC)
 ENTRY(expand_pools_to_tokens, EXPAND_TO_TOKENS_SPEC)
 ENTRY(append_tail_to_topk, APPEND_TAIL_SPEC)
 
+/* --- outputs allocated here ------------------------------------------------
+ * The torch ops' kernels (python/kpool/_torch_ops.py) allocate their
+ * outputs, then call the entry point. The *_new functions do both in one
+ * call, the op's arguments without its outputs in, the outputs out: each
+ * output is allocated through the shim (aoti_torch_empty_strided, what
+ * torch.empty runs below Python: on the device of the input it follows,
+ * through torch's caching allocator on CUDA, so a CUDA graph's capture takes
+ * it as it takes torch.empty's) and wrapped as a torch.Tensor, in about half
+ * the time of a Tensor.new_empty from Python. They return NotImplemented
+ * where they do not allocate: bind_output_allocator() not called or its
+ * probe failed, the input the outputs follow not a plain tensor the shim
+ * reads or not of the dims they are shaped from, an int the sizes cannot be
+ * computed from, or an allocation that failed. The caller then allocates
+ * in Python, whose checks name what is wrong, and torch raises its own
+ * error for an allocation it cannot make. */
+
+#define MAX_OUTPUTS 2
+#define MAX_OUTPUT_DIMS 2
+
+typedef struct {
+    int count;
+    int at[MAX_OUTPUTS]; /* positions among the entry point's arguments */
+    int ndim[MAX_OUTPUTS];
+    int64_t sizes[MAX_OUTPUTS][MAX_OUTPUT_DIMS];
+    kpool_dtype dtype[MAX_OUTPUTS];
+} outputs_spec;
+
+/* *d: t read through the shim, when outputs are allocated here and t is a
+ * plain tensor of ndim dims. */
+static int shaped_like(PyObject *t, int ndim, kpool_tensor *d) {
+    return shim.steal && read_native(t, d) && d->ndim == ndim;
+}
+
+/* v as an int32 (an int or a bool), else 0: the caller's path names it. */
+static int small_int(PyObject *v, int64_t *out) {
+    long long i = PyLong_AsLongLong(v);
+    if (i == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = i;
+    return i >= INT32_MIN && i <= INT32_MAX;
+}
+
+/* out's tensors, new and contiguous on like's device (torch's strides: each
+ * the product of the later sizes, a size 0 counted as 1), into tensors[]:
+ * 1; 0 with no error set when the shim cannot make them; -1 with an error
+ * when wrapping them failed. The list form of torch's stealing function
+ * takes over the at::Tensor handles (moves each into its torch.Tensor and
+ * deletes the handle), one call for all outputs. */
+static int new_outputs(const kpool_tensor *like, const outputs_spec *out, PyObject **tensors) {
+    const int cuda = like->device == KPOOL_DEVICE_CUDA;
+    void *handles[MAX_OUTPUTS] = {NULL, NULL};
+    PyObject *capsules = PyList_New(out->count);
+    int made = capsules ? 1 : -1;
+    for (int i = 0; i < out->count && made == 1; i++) {
+        int64_t strides[MAX_OUTPUT_DIMS];
+        int64_t step = 1;
+        for (int k = out->ndim[i] - 1; k >= 0; k--) {
+            strides[k] = step;
+            step *= out->sizes[i][k] > 1 ? out->sizes[i][k] : 1;
+        }
+        if (shim.empty_strided(out->ndim[i], out->sizes[i], strides, shim.dtypes[out->dtype[i]],
+                               cuda ? shim.cuda : shim.cpu, cuda ? like->device_index : -1, &handles[i]) ||
+            !handles[i]) {
+            handles[i] = NULL;
+            made = 0;
+            break;
+        }
+        PyObject *capsule = PyCapsule_New(handles[i], NULL, NULL);
+        if (!capsule) made = -1;
+        else PyList_SetItem(capsules, i, capsule); /* steals the capsule */
+    }
+    PyObject *list = made == 1 ? PyObject_CallFunctionObjArgs(shim.steal, capsules, NULL) : NULL;
+    Py_XDECREF(capsules);
+    if (!list) { /* the handles were not taken over */
+        for (int i = 0; i < out->count; i++)
+            if (handles[i]) shim.delete_tensor(handles[i]);
+        return made == 1 ? -1 : made;
+    }
+    if (!PyList_Check(list) || PyList_Size(list) != out->count) { /* bind_output_allocator's probe saw a list */
+        Py_DECREF(list);
+        PyErr_SetString(runtime_error, "kpool: torch's stealing function returned no list of the outputs");
+        return -1;
+    }
+    for (int i = 0; i < out->count; i++) tensors[i] = Py_NewRef(PyList_GetItem(list, i));
+    Py_DECREF(list);
+    return 1;
+}
+
+/* Allocates the outputs, runs op on args with them inserted, returns them
+ * (one, or a tuple). */
+static PyObject *run_new(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, const kpool_tensor *like,
+                         const outputs_spec *out) {
+    PyObject *tensors[MAX_OUTPUTS] = {NULL, NULL};
+    PyObject *full[MAX_TENSORS + 4];
+    const int made = new_outputs(like, out, tensors);
+    if (made <= 0) {
+        if (made < 0) return NULL;
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0, from = 0, o = 0; i < nargs + out->count; i++)
+        full[i] = o < out->count && out->at[o] == i ? tensors[o++] : args[from++];
+    PyObject *skipped = run(op, full, nargs + out->count);
+    if (skipped) {
+        Py_DECREF(skipped);
+        result = out->count == 1 ? Py_NewRef(tensors[0]) : PyTuple_Pack(2, tensors[0], tensors[1]);
+    }
+    for (int i = 0; i < out->count; i++) Py_DECREF(tensors[i]);
+    return result;
+}
+
+/* The quantized rows fwht and compress return: [rows, 128] e4m3 codes at
+ * position `at` among the entry point's arguments, then their f32 scales
+ * ([rows, 1] or [rows]: scale_ndim), rows the first dim of args[like]. */
+static PyObject *quantized_rows_new(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                                    int like, int like_ndim, int at, int scale_ndim) {
+    kpool_tensor t;
+    if (nargs != want || !shaped_like(args[like], like_ndim, &t)) Py_RETURN_NOTIMPLEMENTED;
+    const outputs_spec out = {2, {at, at + 1}, {2, scale_ndim}, {{t.shape[0], KPOOL_HEAD_DIM}, {t.shape[0], 1}},
+                              {KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_FLOAT32}};
+    return run_new(op, args, nargs, &t, &out);
+}
+
+/* fwht128_quant_fp8_new(q) -> (q_fp8 [rows, 128] e4m3, q_scale [rows, 1] f32) */
+static PyObject *fwht128_quant_fp8_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return quantized_rows_new(&FWHT_SPEC, args, nargs, 1, 0, 2, 1, 2);
+}
+
+/* compress_and_write_cache_new(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim,
+ * round_scale, write_cache) -> (compressed_k [n, 128] e4m3, compressed_scale [n] f32) */
+static PyObject *compress_and_write_cache_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return quantized_rows_new(&COMPRESS_SPEC, args, nargs, 10, 1, 3, 6, 1);
+}
+
+/* The int32 token ids [rows, max(cols, 0)] the top-k helpers return, at
+ * position `at` among the entry point's arguments, rows those of like. */
+static PyObject *token_ids_new(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, const kpool_tensor *like,
+                               int at, int64_t cols) {
+    const outputs_spec out = {1, {at}, {2}, {{like->shape[0], cols > 0 ? cols : 0}}, {KPOOL_DTYPE_INT32}};
+    return run_new(op, args, nargs, like, &out);
+}
+
+/* expand_pools_and_append_tail_new(pool_ids, seq_lens, pool_size, bound_pool_ids)
+ * -> out [rows, max(G * P + P - 1, 0)] int32 */
+static PyObject *expand_pools_and_append_tail_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    kpool_tensor ids;
+    int64_t pool_size, cols;
+    if (nargs != 4 || !shaped_like(args[0], 2, &ids) || !small_int(args[2], &pool_size) ||
+        __builtin_mul_overflow(ids.shape[1], pool_size, &cols) || __builtin_add_overflow(cols, pool_size - 1, &cols))
+        Py_RETURN_NOTIMPLEMENTED;
+    return token_ids_new(&EXPAND_AND_APPEND_SPEC, args, nargs, &ids, 2, cols);
+}
+
+/* expand_pools_to_tokens_new(group_ids, group_valid, page_table, topk_offsets, topk, pool_size)
+ * -> out [rows, max(topk, 0)] int32 */
+static PyObject *expand_pools_to_tokens_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    kpool_tensor ids;
+    int64_t topk;
+    if (nargs != 6 || !shaped_like(args[0], 2, &ids) || !small_int(args[4], &topk)) Py_RETURN_NOTIMPLEMENTED;
+    return token_ids_new(&EXPAND_TO_TOKENS_SPEC, args, nargs, &ids, 4, topk);
+}
+
+/* append_tail_to_topk_new(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size)
+ * -> out [rows, max(C + P - 1, 0)] int32 */
+static PyObject *append_tail_to_topk_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    kpool_tensor result;
+    int64_t pool_size, cols;
+    if (nargs != 6 || !shaped_like(args[0], 2, &result) || !small_int(args[5], &pool_size) ||
+        __builtin_add_overflow(result.shape[1], pool_size - 1, &cols))
+        Py_RETURN_NOTIMPLEMENTED;
+    return token_ids_new(&APPEND_TAIL_SPEC, args, nargs, &result, 5, cols);
+}
+
 /* time_calls(name, calls, thread_clock, *arguments): the entry point of
  * function `name` (one of the above, same arguments) called `calls` times
  * back to back on descriptors read once, without the GIL; returns the
@@ -646,6 +835,55 @@ static PyObject *bind_tensor_shim(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_TRUE;
 }
 
+/* bind_output_allocator(empty_strided, delete_tensor_object, steal) -> bool:
+ * the addresses of aoti_torch_empty_strided and
+ * aoti_torch_delete_tensor_object, and
+ * torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs. Turns the *_new
+ * functions on once the shim reads tensors (bind_tensor_shim) and a probe
+ * allocated through them reads back as the torch.Tensor asked for; returns
+ * whether they allocate. bind_output_allocator(None): never. */
+static PyObject *bind_output_allocator(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    replace(&shim.steal, NULL);
+    if (nargs == 1 && args[0] == Py_None) Py_RETURN_FALSE;
+    if (nargs != 3 || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "bind_output_allocator(empty_strided, delete_tensor_object, steal) or "
+                                         "bind_output_allocator(None)");
+        return NULL;
+    }
+    void *empty_strided = PyLong_AsVoidPtr(args[0]);
+    void *delete_tensor = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (!empty_strided || !delete_tensor || !shim.tensor_type) Py_RETURN_FALSE;
+    shim.empty_strided = (int32_t(*)(int64_t, const int64_t *, const int64_t *, int32_t, int32_t, int32_t,
+                                     void **))empty_strided;
+    shim.delete_tensor = (int32_t(*)(void *))delete_tensor;
+    replace(&shim.steal, args[2]);
+    /* the probe: an int32 [3, 5] on the CPU, read back through the shim, held by its torch.Tensor alone
+     * (a stealing function that copied the at::Tensor without deleting the handle would leak each output) */
+    kpool_tensor like, probe;
+    memset(&like, 0, sizeof like);
+    memset(&probe, 0, sizeof probe);
+    like.device = KPOOL_DEVICE_CPU;
+    const outputs_spec out = {1, {0}, {2}, {{3, 5}}, {KPOOL_DTYPE_INT32}};
+    PyObject *tensor = NULL;
+    if (new_outputs(&like, &out, &tensor) <= 0) { /* a torch whose functions take other arguments */
+        replace(&shim.steal, NULL);
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    PyObject *uses = PyObject_CallMethod(tensor, "_use_count", NULL);
+    const long use_count = uses ? PyLong_AsLong(uses) : -1;
+    Py_XDECREF(uses);
+    PyErr_Clear();
+    const int agrees = use_count == 1 && read_native(tensor, &probe) && probe.dtype == KPOOL_DTYPE_INT32 &&
+                       probe.ndim == 2 && probe.shape[0] == 3 && probe.shape[1] == 5 && probe.strides[0] == 5 &&
+                       probe.strides[1] == 1 && probe.device == KPOOL_DEVICE_CPU && probe.data;
+    Py_DECREF(tensor);
+    if (!agrees) replace(&shim.steal, NULL);
+    return PyBool_FromLong(agrees);
+}
+
 /* configure(arithmetic, index_errors_device, index_errors_address): the
  * execution options of later calls (address 0: no index-error words). */
 static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -669,6 +907,8 @@ static PyMethodDef methods[] = {
     FASTCALL(bind, "Hands over the library's entry points, torch's dtypes, its stream getter and kpool's errors."),
     FASTCALL(configure, "Sets the arithmetic and the index-error words of later calls."),
     FASTCALL(bind_tensor_shim, "Reads tensors through torch's C shim when it agrees with the Python interface."),
+    FASTCALL(bind_output_allocator, "Allocates the *_new functions' outputs through torch's C shim once a probe "
+                                    "agrees."),
     FASTCALL(time_calls, "time_calls(name, calls, thread_clock, *arguments) -> seconds per call of the entry point "
                          "alone"),
     FASTCALL(fwht128_quant_fp8, "kpool_fwht128_quant_fp8(q, q_fp8, q_scale)"),
@@ -685,6 +925,17 @@ static PyMethodDef methods[] = {
              "kpool_expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size)"),
     FASTCALL(append_tail_to_topk, "kpool_append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, "
                                   "topk_offsets, out, pool_size)"),
+    FASTCALL(fwht128_quant_fp8_new, "fwht128_quant_fp8_new(q) -> (q_fp8, q_scale), or NotImplemented"),
+    FASTCALL(compress_and_write_cache_new,
+             "compress_and_write_cache_new(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim, "
+             "round_scale, write_cache) -> (compressed_k, compressed_scale), or NotImplemented"),
+    FASTCALL(expand_pools_and_append_tail_new,
+             "expand_pools_and_append_tail_new(pool_ids, seq_lens, pool_size, bound_pool_ids) -> out, or "
+             "NotImplemented"),
+    FASTCALL(expand_pools_to_tokens_new, "expand_pools_to_tokens_new(group_ids, group_valid, page_table, "
+                                         "topk_offsets, topk, pool_size) -> out, or NotImplemented"),
+    FASTCALL(append_tail_to_topk_new, "append_tail_to_topk_new(topk_result, seq_lens, pool_lens, page_table, "
+                                      "topk_offsets, pool_size) -> out, or NotImplemented"),
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_torch_calls",

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath
 import kpool  # noqa: E402
 from conftest import skip_without_kpool_cuda  # noqa: E402
 from kpool import _calls  # noqa: E402
-from test_torch_ops import P, _all_ops, _bytes_equal, _compare, _state  # noqa: E402
+from test_torch_ops import ALLOCATING, P, _all_ops, _bytes_equal, _compare, _op_args, _state  # noqa: E402
 
 skip_without_kpool_cuda(pytest, kpool)
 
@@ -43,10 +43,10 @@ def extension():
     _calls.bind_tensor_shim(ext, torch)
 
 
-def _on_device(seed):
+def _on_device(seed, device=DEV):
     """_state on the GPU, its tail ring again a view of its padded allocation."""
     cpu = _state(seed)
-    s = {k: v.to(DEV) for k, v in cpu.items()}
+    s = {k: v.to(device) for k, v in cpu.items()}
     ring = cpu["tail_kv_cache"]
     s["tail_kv_cache"] = s["tail_base"].as_strided(ring.shape, ring.stride(), ring.storage_offset())
     return s
@@ -115,3 +115,26 @@ def test_captured_calls_replay_like_eager(extension):
         _compare(out, want)
         assert _bytes_equal(static["kv_cache"], fresh["kv_cache"]), f"trial {trial}: kv_cache"
         assert _bytes_equal(static["tail_base"], fresh["tail_base"]), f"trial {trial}: tail ring"
+
+
+def test_outputs_are_allocated_on_the_inputs_device(extension):
+    """The extension's NAME_new functions allocate on the device of the
+    input the outputs follow, also when it is not the current device (with
+    two GPUs), with the Python kernels' bytes (the shim-off path)."""
+    assert _calls.bind_tensor_shim(extension, torch) and _calls.bind_output_allocator(extension, torch)
+    for index in range(min(torch.cuda.device_count(), 2)):
+        device = torch.device("cuda", index)
+        ours, python = _op_args(_on_device(23, device)), _op_args(_on_device(23, device))
+        extension.bind_output_allocator(None)
+        try:
+            want = {op: getattr(torch.ops.kpool, op).default(*python[op]) for op in ALLOCATING}
+        finally:
+            assert _calls.bind_output_allocator(extension, torch)
+        for op, function in ALLOCATING.items():
+            got = getattr(extension, function)(*ours[op])
+            assert got is not NotImplemented, op
+            torch.cuda.synchronize(device)
+            for g, w in zip(*((x,) if isinstance(x, torch.Tensor) else x for x in (got, want[op]))):
+                assert g.device == device and (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride()), op
+                assert g._use_count() == 1, f"{op}: the output's at::Tensor handle is still held (a leak)"
+                assert _bytes_equal(g, w), op

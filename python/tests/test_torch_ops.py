@@ -10,6 +10,7 @@ the engine-shaped module against the reference) is test_gpu_torch_compile.py.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import sys
@@ -248,6 +249,75 @@ def test_tensor_shim_reads_like_the_python_interface():
     _compare(got, want)
     assert _bytes_equal(a["kv_cache"], b["kv_cache"]) and _bytes_equal(a["tail_base"], b["tail_base"])
     assert _bytes_equal(q8.view(torch.uint8), want["q8"]) and _bytes_equal(qs, want["qs"])
+
+
+# The ops with outputs, and the extension's function that allocates them.
+ALLOCATING = {"fwht128_quant_fp8": "fwht128_quant_fp8_new", "compress_to_rows": "compress_and_write_cache_new",
+              "expand_pools_and_append_tail": "expand_pools_and_append_tail_new",
+              "expand_pools_to_tokens": "expand_pools_to_tokens_new", "append_tail_to_topk": "append_tail_to_topk_new"}
+
+
+def test_extension_allocates_outputs_like_the_python_kernels():
+    """The extension's NAME_new functions allocate the outputs through torch's
+    C shim: the tensors the Python kernels allocate (shape, dtype, strides,
+    device) with the same bytes; NotImplemented where the caller allocates."""
+    extension = _calls.torch_calls()
+    if extension is _calls.ctypes_calls:
+        pytest.skip("the _torch_calls extension is not built")
+    assert _calls.bind_tensor_shim(extension, torch) and _calls.bind_output_allocator(extension, torch)
+    ours, python = _op_args(_state(8)), _op_args(_state(8))
+    extension.bind_output_allocator(None)  # the kernels allocate in Python until bound again
+    try:
+        want = {op: getattr(torch.ops.kpool, op).default(*python[op]) for op in ALLOCATING}
+        assert getattr(extension, ALLOCATING["fwht128_quant_fp8"])(*ours["fwht128_quant_fp8"]) is NotImplemented
+    finally:
+        assert _calls.bind_output_allocator(extension, torch)
+    for op, function in ALLOCATING.items():
+        got = getattr(extension, function)(*ours[op])
+        assert got is not NotImplemented, op
+        for g, w in zip(*((x,) if isinstance(x, torch.Tensor) else x for x in (got, want[op]))):
+            assert type(g) is torch.Tensor and g.device == w.device, op
+            assert g._use_count() == 1, f"{op}: the output's at::Tensor handle is still held (a leak)"
+            assert (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride()), op
+            assert _bytes_equal(g, w), op
+    # A wrapping function that copies the at::Tensor and keeps the handle (each output would leak) is refused.
+    lib = _calls._torch_shim(torch)
+    shim = [ctypes.cast(getattr(lib, "aoti_torch_" + f), ctypes.c_void_p).value
+            for f in ("empty_strided", "delete_tensor_object")]
+    try:
+        assert not extension.bind_output_allocator(*shim, torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr)
+        assert extension.fwht128_quant_fp8_new(ours["fwht128_quant_fp8"][0]) is NotImplemented
+    finally:
+        assert _calls.bind_output_allocator(extension, torch)
+    # Empty outputs: the strides torch gives a size 0 (a C API rejection must be the same on both paths).
+    s = _state(8)
+    empty = {"fwht128_quant_fp8": (s["q"][:0],),
+             "expand_pools_to_tokens": (s["pool_ids"][:, :0], s["pool_ids"][:, :0] >= 0, None, None, 0, P)}
+    for op, args in empty.items():
+        results = []
+        for allocate in (True, False):
+            if not allocate:
+                extension.bind_output_allocator(None)
+            try:
+                results.append(getattr(torch.ops.kpool, op).default(*args))
+            except kpool.KpoolError as e:
+                results.append(f"{type(e).__name__}: {e}")
+            finally:
+                assert _calls.bind_output_allocator(extension, torch)
+        got, want = results
+        if isinstance(want, str):
+            assert got == want, op
+            continue
+        for g, w in zip(*((x,) if isinstance(x, torch.Tensor) else x for x in (got, want))):
+            assert (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride()), op
+    # Where the sizes cannot be taken from the arguments: the caller's checks name them.
+    q = _state(8)["q"]
+    for args in [(q.reshape(2, 12, D),), (torch.nn.Parameter(q, requires_grad=False),), (q.tolist(),), (q, q)]:
+        assert extension.fwht128_quant_fp8_new(*args) is NotImplemented
+    ids = ours["expand_pools_and_append_tail"]
+    assert extension.expand_pools_and_append_tail_new(ids[0], ids[1], 1 << 33, False) is NotImplemented
+    with pytest.raises(kpool.KpoolValueError, match="q has shape"):
+        torch.ops.kpool.fwht128_quant_fp8.default(q.reshape(2, 12, D))
 
 
 @pytest.mark.parametrize("path", ["extension", "extension, python reads", "ctypes"])
