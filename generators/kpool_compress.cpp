@@ -98,7 +98,7 @@ protected:
         Var d = s.d, j = s.j, pool = s.pool;
         const BuildPlan plan = this->build_plan();
         const Arithmetic arith = arithmetic_for(arithmetic, plan.target);
-        const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Compress, arith});
+        const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Compress, arith, words()});
         s.layout = decided.layout;
         Func key{"key_f32"}, score{"score_f32"}, ape_f32{"ape_f32"};
         if (words()) {

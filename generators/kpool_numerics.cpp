@@ -241,8 +241,32 @@ constexpr int kFastBand = 1 << 14;
 
 }  // namespace
 
+namespace {
+
+// f32 -> f64 and back on integer bits: a conversion is a quarter-rate
+// instruction on sm_90 (F2F, on the f64 pipe beside the fmas); these are a
+// few full-rate integer ones.
+// x as f64, exact for a normal x: the exponent rebiased (127 -> 1023), the
+// mantissa's 23 bits moved up 29. A zero or subnormal x becomes a tiny
+// normal (2^-127 and up, its sign kept), whose exp is 1 as theirs is.
+Expr f64_of_f32_bits(Expr x) {
+    Expr u = reinterpret<uint32_t>(x);
+    Expr sign = u & cast<uint32_t>(Expr(uint32_t{0x80000000}));
+    Expr high = sign | (((u & 0x7fffffff) >> 3) + cast<uint32_t>((1023 - 127) << 20));
+    return reinterpret<double>((cast<uint64_t>(high) << 32) | cast<uint64_t>(u << 29));
+}
+
+// The f32 bits of a normal f64 p in [2^-126, 2^127], rounded to nearest with
+// ties away from zero (the caller never asks for a tie: `certain`).
+Expr f32_bits_of_f64(Expr p) {
+    Expr rounded = (reinterpret<uint64_t>(p) + cast<uint64_t>(1 << 28)) >> 29;
+    return cast<uint32_t>(rounded - (cast<uint64_t>(1023 - 127) << 23));
+}
+
+}  // namespace
+
 ExpFastPath exp_f32_fast_certified(Expr x) {
-    Expr xd = cast<double>(x);  // exact
+    Expr xd = f64_of_f32_bits(x);  // exact where it matters (a normal x)
     Expr shifted = fma_f64(xd, f64(kLog2E), f64(kRoundToInteger));
     Expr n = cast<int32_t>(reinterpret<uint64_t>(shifted));  // the low word: n
     Expr nd = shifted - f64(kRoundToInteger);                // exact
@@ -259,7 +283,7 @@ ExpFastPath exp_f32_fast_certified(Expr x) {
     // Unsigned: below_f32 outside [2^28 - band, 2^28 + band].
     Expr clear_of_midpoint = below_f32 - cast<uint32_t>((1 << 28) - kFastBand) > cast<uint32_t>(2 * kFastBand);
     Expr in_range = x > -86.5f && x < 88.0f;  // false for NaN
-    Expr scaled = reinterpret<uint32_t>(cast<float>(p)) + (cast<uint32_t>(n) << 23);
+    Expr scaled = f32_bits_of_f64(p) + (cast<uint32_t>(n) << 23);
     return {reinterpret<float>(scaled), in_range && clear_of_midpoint};
 }
 

@@ -110,7 +110,8 @@ Halide::Expr exp_f32_correctly_rounded(Halide::Expr x, const RoundingBarrier &ro
 
 // The GPU's fast path of exp: x = n ln2 + r reduced in f64 (one fma: n ln2
 // exact inside it), exp(r) by a degree-8 fit (eight fmas, relative error
-// < 2^-39.5 in all), rounded to f32 and scaled by 2^n on the exponent bits.
+// < 2^-39.5 in all), rounded to f32 and scaled by 2^n on the exponent bits
+// (both conversions, f32 -> f64 and f64 -> f32, on integer bits).
 // Every f64 operation is an explicit fma (llvm.fma.f64) or exact, so the
 // value and `certain` have the same bits on every target: the test of every
 // f32 input on the CPU (test_numerics.cpp, the exp probe) holds for the GPU.

@@ -72,6 +72,7 @@ private:
 struct KernelAsked {
     enum class Kind { Fwht, Compress, Decode, SeedTail } kind;
     Arithmetic arithmetic = Arithmetic::Exact;
+    bool words = false;  // compress's words kernels (CompressLaneLoads)
     bool is_row_kernel() const { return kind != Kind::SeedTail; }
 };
 

@@ -48,6 +48,14 @@ struct CudaPlan : KnobReader {
     int compress_row_threads = knob("compress.row_threads");      // threads per block of the compress kernels
     int compress_values = knob("compress.exact_values");          // exact arithmetic (slot loops kept)
     int compress_triton_values = knob("compress.triton_values");  // slot loops unrolled: P x V weights live
+    // The exact arithmetic's words kernels (aligned rows, slots unrolled as
+    // the triton ones'): values per lane (4: a lane's keys and bf16 scores of
+    // a slot are one 8-byte word).
+    int compress_exact_words_values = knob("compress.exact_words_values");
+    // ... and the slots they unroll: past this many, the logits go to shared
+    // memory, computed and summed in groups of this many slots, each group
+    // unrolled (pool_words_in_warp).
+    int compress_exact_words_unrolled_slots = knob("compress.exact_words_unrolled_slots");
     int decode_values = knob("decode.values");                    // latency-bound: more lanes per token
     // Decode in the exact arithmetic pools each element of a completion on a
     // thread of its own rather than V per lane: the f64 exps make the pool
@@ -151,7 +159,9 @@ RowLayout row_layout(const BuildPlan &build, const KernelAsked &kernel) {
         values = plan.fwht_values;
         break;
     case KernelAsked::Kind::Compress:
-        values = kernel.arithmetic == Arithmetic::Triton ? plan.compress_triton_values : plan.compress_values;
+        values = kernel.arithmetic == Arithmetic::Triton ? plan.compress_triton_values
+                 : kernel.words                          ? plan.compress_exact_words_values
+                                                         : plan.compress_values;
         break;
     case KernelAsked::Kind::Decode:
         values = plan.decode_values;
@@ -273,6 +283,21 @@ void compute_pool_in_warp(CompressPool &c, const RowLayout &layout, const Var &d
     }
 }
 
+// One of a lane's item Funcs (key, score or ape) at `at`: its items of
+// the slots there in registers, 4 items of 32 bits a load.
+void lane_items_at(Func f, int items, LoopLevel at, const CompressLaneLoads &l, const Var &lane) {
+    constexpr int kLoadItems = 4;  // 16 bytes of 32-bit items
+    f.compute_at(at).store_in(MemoryType::Register);
+    if (items > 1) {
+        f.vectorize(l.item, std::min(kLoadItems, items));
+    }
+    for (const Var &arg : f.args()) {
+        if (arg.name() != l.item.name() && arg.name() != lane.name()) {
+            f.unroll(arg);
+        }
+    }
+}
+
 // The words kernels' loads: each lane's items of every slot (bf16 pairs as
 // 32-bit words, or f32) in its own registers, 4 items of 32 bits per load
 // (Halide's PTX backend emits a dense, 16-byte-aligned ramp of 4 as one
@@ -287,21 +312,65 @@ void compute_pool_in_warp(CompressPool &c, const RowLayout &layout, const Var &d
 // 1808 / 1840 -> 1648 / 1600, 2 B x 128 + 16 B x 16 -> 8 B x 33 + 16 B x
 // 16, 128 -> 106 registers; no spills.
 void load_lane_items(CompressPool &c, CompressLaneLoads &l, const Var &lane) {
-    constexpr int kLoadItems = 4;  // 16 bytes of 32-bit items
     Func pooled = c.pooled_bf16;
     for (auto [f, items] : {std::pair{l.key, l.key_items}, {l.score, l.score_items}, {l.ape, l.ape_items}}) {
-        f.compute_at(pooled, lane).store_in(MemoryType::Register);
-        if (items > 1) {
-            f.vectorize(l.item, std::min(kLoadItems, items));
-        }
-        for (const Var &arg : f.args()) {
-            if (arg.name() != l.item.name() && arg.name() != lane.name()) {
-                f.unroll(arg);
-            }
-        }
+        lane_items_at(f, items, LoopLevel(pooled, lane), l, lane);
     }
     SoftmaxPool &p = c.pool;
     p.logit.compute_at(pooled, lane).store_in(MemoryType::Register).unroll(p.logit.args()[0]).unroll(p.logit.args()[1]);
+}
+
+// A words kernel's pool: every slot unrolled, its items loaded up front
+// (load_lane_items), unless the exact arithmetic's pool has more than
+// `unrolled_slots` slots: there P x (8 bytes of key and of score, 16 of
+// ape) in flight at once and P x V logits beside the f64 exps pass the 128
+// registers (sm_90, P=16: 208 B spilled; with only the logits in shared
+// memory, 232 B; with the keys read in groups of 4 slots, 192 B: ptxas
+// hoists every slot's loads in straight-line code).
+// Then the logits are computed in groups of `unrolled_slots` slots (a
+// loop, each group's loads in flight together) into shared memory, each
+// lane its own, and the weighted sum loops over the same groups, reading a
+// group's keys at once; the max reads the logits back unrolled. Shared
+// memory holds them thread index innermost (Halide's layout for a
+// thread's own allocation), so a warp's access is 128 contiguous bytes.
+// sm_90 SASS (ptxas --maxrregcount 128), bf16 scores, groups of 4: P=16
+// 99 registers, no spills, 3040 instructions (a group's 16 exps in the
+// loop body), loads 16 B x 4 + 8 B x 9, 16 shared stores and 80 loads.
+// On the path that runs (exp's exact-path branches left out, loops counted
+// by their trips), per pool against the exact element kernel (16 values a
+// lane, 2-byte loads, slot loops; ncu: 61.7 % of its stalls on L1TEX at
+// P=16): P=4 43.5k thread instructions against 35.9k, 448 load
+// instructions against 2448 (8-16 B each against 2-4 B); P=16 116k against
+// 109k, 1600 loads against 8976; the same f64 fmas (10 an exp).
+void pool_words_in_warp(CompressPool &c, CompressLaneLoads &l, const RowLayout &layout, const Var &d, const Var &v,
+                        const Var &lane, LoopLevel at, int unrolled_slots) {
+    SoftmaxPool &p = c.pool;
+    const std::optional<int64_t> P = as_const_int(p.slot.x.extent());
+    if (!P) {
+        throw CompileError("compress's pool size must be a constant of the kernel");
+    }
+    const bool in_groups = p.arithmetic == Arithmetic::Exact && *P > unrolled_slots;
+    compute_pool_in_warp(c, layout, d, v, lane, at, !in_groups);
+    if (!in_groups) {
+        load_lane_items(c, l, lane);
+        return;
+    }
+    const Var j = p.logit.args()[1];
+    Var slot_group{"logit_slot_group"}, slot_in{"logit_slot_in_group"};
+    p.logit.compute_at(c.pooled_bf16, lane)
+        .store_in(MemoryType::GPUShared)
+        .split(j, slot_group, slot_in, unrolled_slots)
+        .unroll(slot_in)
+        .unroll(d);
+    if (p.max_logit.has_update_definition()) {
+        p.max_logit.update(0).unroll(p.later_slot);
+    }
+    RVar sum_group{"slot_group"}, sum_in{"slot_in_group"};
+    p.weighted_sum.update(0).split(p.slot.x, sum_group, sum_in, unrolled_slots).unroll(sum_in);
+    p.weight.compute_at(p.weighted_sum, sum_in);
+    lane_items_at(l.key, l.key_items, LoopLevel(p.weighted_sum, sum_group), l, lane);
+    lane_items_at(l.score, l.score_items, LoopLevel(p.logit, slot_group), l, lane);
+    lane_items_at(l.ape, l.ape_items, LoopLevel(p.logit, slot_group), l, lane);
 }
 
 // Compress as three kernels: aligned rows with and without round_scale
@@ -331,8 +400,8 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
         // The words kernels' codes rows start at 4-byte words (the
         // generator's constraint): a lane's V codes are V / 4 word stores.
         s.cache.update(0).vectorize(v);
-        compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, pi), true);
-        load_lane_items(s.compress, s.lane_loads, s.lane);
+        pool_words_in_warp(s.compress, s.lane_loads, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, pi),
+                           plan.compress_exact_words_unrolled_slots);
         s.cache.update(0).specialize(s.conditions.round_scale);
         return;
     }
@@ -343,12 +412,13 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
 }
 
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) {
+    const CudaPlan plan = plan_for(build);
     Var pi{"pool_in_block"};
     const bool words = s.lane_loads.key.defined();  // codes rows of 4-byte words: vector stores
-    rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan_for(build).compress_row_threads, pi, 1, words);
+    rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan.compress_row_threads, pi, 1, words);
     if (words) {
-        compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi), true);
-        load_lane_items(s.compress, s.lane_loads, s.lane);
+        pool_words_in_warp(s.compress, s.lane_loads, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi),
+                           plan.compress_exact_words_unrolled_slots);
         s.out.specialize(s.conditions.round_scale);
         return;
     }

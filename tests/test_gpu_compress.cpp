@@ -110,17 +110,19 @@ TEST_P(GpuCompressUnalignedRows, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuCompressUnalignedRows, ValuesIn(kGpuPoolSizes),
                          [](const auto &info) { return "P" + std::to_string(info.param); });
 
-// The words kernels (the reference's arithmetic on CUDA, rows of 16-byte-
-// aligned data and strides: contiguous tensors) against the kernel for any
-// rows (the same values 130 elements apart, ape 129) in the same
-// arithmetic: the same bytes in the cache and the returned rows, bf16 and
-// f32 scores, with and without round_scale.
-class GpuCompressWords : public GpuParamTest<int> {};
+// The words kernels (CUDA, both arithmetics, rows of 16-byte-aligned data
+// and strides: contiguous tensors) against the kernel for any rows (the
+// same values 130 elements apart, ape 129) in the same arithmetic: the same
+// bytes in the cache and the returned rows, bf16 and f32 scores, with and
+// without round_scale. (In the exact arithmetic GpuCompress holds both to
+// the CPU as well.)
+using GpuCompressWordsParam = std::tuple<int, kpool_arithmetic>;
+class GpuCompressWords : public GpuParamTest<GpuCompressWordsParam> {};
 
 TEST_P(GpuCompressWords, MatchesTheKernelForAnyRows) {
-    const int P = GetParam();
+    const auto [P, arithmetic] = GetParam();
     const int64_t n = 1000, block_size = 64, num_blocks = n / block_size + 2;
-    const kpool_exec triton{nullptr, KPOOL_ARITHMETIC_TRITON};
+    const kpool_exec exec{nullptr, static_cast<int32_t>(arithmetic)};
     for (const kpool_dtype score : {KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32}) {
         std::mt19937 rng(4200 + P);
         const CompressInputs in = make_compress_inputs(rng, n, P, score, num_blocks * block_size);
@@ -139,7 +141,7 @@ TEST_P(GpuCompressWords, MatchesTheKernelForAnyRows) {
                 ASSERT_EQ(kpool_compress_and_write_cache(cache.on(Side::Gpu), slot_k.on(Side::Gpu),
                                                          slot_score.on(Side::Gpu), ape.on(Side::Gpu),
                                                          loc.on(Side::Gpu), nullptr, ck.on(Side::Gpu),
-                                                         cs.on(Side::Gpu), P, kD, round_scale, 1, &triton, &st),
+                                                         cs.on(Side::Gpu), P, kD, round_scale, 1, &exec, &st),
                           KPOOL_OK)
                     << st.message;
                 cache.download(), ck.download(), cs.download();
@@ -153,8 +155,12 @@ TEST_P(GpuCompressWords, MatchesTheKernelForAnyRows) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, GpuCompressWords, ValuesIn(kGpuPoolSizes),
-                         [](const auto &info) { return "P" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuCompressWords,
+                         Combine(ValuesIn(kGpuPoolSizes), Values(KPOOL_ARITHMETIC_EXACT, KPOOL_ARITHMETIC_TRITON)),
+                         [](const auto &info) {
+                             return "P" + std::to_string(std::get<0>(info.param)) +
+                                    (std::get<1>(info.param) == KPOOL_ARITHMETIC_TRITON ? "_triton" : "_exact");
+                         });
 
 // KPOOL_ARITHMETIC_TRITON: the reference's own instructions, checked bit
 // for bit against the reference itself by the Python side-by-side test

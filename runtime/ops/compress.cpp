@@ -122,7 +122,7 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
         const TensorArg k_range = pools(slot_k, k_rows), s_range = pools(slot_score, s_rows);
         HalideBuffer key = wrap(k_range), score = wrap(s_range);
         // Rows whose data and strides are all 16-byte aligned take the words
-        // kernels where the build has them (CUDA, the reference arithmetic):
+        // kernels where the build has them (CUDA, either arithmetic):
         // bf16 as 64-bit words of 4, so each lane's 4 keys (and bf16 scores) of
         // a slot are one load. The words kernels check the strides too. The
         // word views are made before attach, from the host fields.

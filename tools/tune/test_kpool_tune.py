@@ -73,7 +73,8 @@ def test_units_split_by_op_and_arithmetic():
     knobs = read("sm90")
     tunable = sorted(k for k in knobs.values if len(knobs.legal[k]) > 1)
     assert sorted(k for ks in u.values() for k in ks) == tunable  # each in one unit
-    assert u["compress.exact"] == ["compress.exact_values"]
+    assert u["compress.exact"] == ["compress.exact_values", "compress.exact_words_values",
+                                   "compress.exact_words_unrolled_slots"]
     assert "compress.triton_values" in u["compress"]
     assert kt.arithmetic_of("sm90", "compress.exact") == "exact"
     assert kt.arithmetic_of("sm90", "compress") == "triton"
