@@ -62,6 +62,10 @@ struct CudaPlan : KnobReader {
     int decode_tokens_per_block = knob("decode.tokens_per_block");
     // Decode's warp-per-request layout: requests (warps) per block.
     int decode_requests_per_block = knob("decode.requests_per_block");
+    // A warp per request stashes its tokens in chunks of this many: a
+    // chunk's stash rows (both halves) are loaded together, before its
+    // first store (one latency per chunk, not two per token).
+    int decode_request_token_chunk = knob("decode.request_token_chunk");
     // A completion pooled in its token's lanes (V elements per lane), in
     // the triton arithmetic, unrolls its slot folds up to this many slots;
     // past it each fold runs in groups of this many slots, each group
@@ -594,9 +598,24 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
         .split(st.stash.x, stash_lane, stash_v, kValuesPerLane)
         .split(st.stash.z, request_block, stash_request, requests, TailStrategy::GuardWithIf);
     if (per_request) {
-        stashes.reorder(stash_v, st.stash[3], st.stash.y, stash_lane, stash_request, request_block)
-            .gpu_threads(stash_lane, stash_request);
-        st.overwritten.compute_at(st.tail, st.stash.y);
+        // A chunk of tokens at a time: their stash rows (both halves) and
+        // whether a later token overwrites each, all loaded before the
+        // chunk's first store (a store may alias a later load, so loads
+        // after it wait for it).
+        stashes
+            .split(st.stash.y, stash_chunk, stash_token, plan.decode_request_token_chunk, TailStrategy::GuardWithIf)
+            .reorder(stash_v, st.stash[3], stash_token, stash_chunk, stash_lane, stash_request, request_block)
+            .gpu_threads(stash_lane, stash_request)
+            .unroll(stash_token);
+        const std::vector<Var> row = st.stash_row.args();  // (d, half, token, request)
+        st.stash_row.compute_at(st.tail, stash_chunk)
+            .store_in(MemoryType::Register)
+            .vectorize(row[0])
+            .unroll(row[1])
+            .unroll(row[2]);
+        const Var tv = st.overwritten.args()[0];
+        st.overwritten.compute_at(st.tail, stash_chunk).store_in(MemoryType::Register).unroll(tv);
+        st.overwritten.update(0).reorder(tv, st.later.x).unroll(tv);  // each later token read once
     } else {
         stashes
             .split(st.stash.y, stash_chunk, stash_token, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
@@ -608,6 +627,22 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
         .unroll(st.stash[3])
         .vectorize(stash_v)
         .compute_with(completions, request_block);
+    if (per_request) {
+        // Before the completions, every token's indices (a lane per token,
+        // 32 at a time) into shared memory, all in flight at once: the
+        // stashes read them there, and the completions' own reads of the
+        // same words (which decide whether a token completes) then hit L1,
+        // so no token waits on a global load to learn that it completes
+        // nothing. (The completions do not read the table itself: Halide's
+        // skipping of a pool whose token completes nothing then stops.)
+        const Var t = s.token_indices.args()[0], b = s.token_indices.args()[1];
+        Var chunk{"index_chunk"}, lane{"index_lane"};
+        s.token_indices.compute_at(w.cache, request_block)
+            .store_in(MemoryType::GPUShared)
+            .split(t, chunk, lane, kWarpSize, TailStrategy::GuardWithIf)
+            .reorder(lane, b, chunk)
+            .gpu_threads(lane, b);
+    }
     completions.specialize(w.pow2_ring_and_page);
 }
 

@@ -1,6 +1,6 @@
 // decode_update_and_maybe_write_cache_batched on the GPU (one kernel: its
 // requests' completions, then their stashes; a warp per token at P = 4 with
-// next_n >= 4, else a warp per request, the family's knobs) against the CPU
+// next_n >= 8, else a warp per request, the family's knobs) against the CPU
 // (two kernels), bit for bit: GpuDecode over the axes an engine varies (both
 // layouts), GpuDecodeUnalignedRows the warp-per-token kernel for rows that
 // are not 8-byte words at every P, GpuDecodeManyRequests past grid y,
@@ -19,9 +19,10 @@ using ::testing::Combine;
 using ::testing::Values;
 using ::testing::ValuesIn;
 
-// decode: P x RING (P, 2P, 3P) x next_n 1..8 and 20 (past P: a ring slot
+// decode: P x RING (P, 2P, 3P) x next_n 1..8, 20 and 40 (past P: a ring slot
 // stashed several times in one call, completions reading earlier tokens'
-// stashes); page size, padding and round_scale vary with next_n.
+// stashes; past 32: the warp per request loads a call's indices 32 tokens
+// at a time); page size, padding and round_scale vary with next_n.
 using GpuDecodeParam = std::tuple<int, int, int>;
 class GpuDecode : public GpuParamTest<GpuDecodeParam> {};
 
@@ -51,7 +52,7 @@ TEST_P(GpuDecode, MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecode,
-                         Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 3), Values(1, 2, 3, 4, 5, 6, 7, 8, 20)),
+                         Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 3), Values(1, 2, 3, 4, 5, 6, 7, 8, 20, 40)),
                          [](const auto &info) {
                              return "P" + std::to_string(std::get<0>(info.param)) + "_ring" +
                                     std::to_string(std::get<1>(info.param)) + "P_n" +

@@ -1,6 +1,8 @@
 // decode_update_and_maybe_write_cache_batched: one decode step; each token
 // is stashed in its request's tail ring, and a token completing a pool
 // writes that pool's cache row.
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -14,7 +16,16 @@ namespace {
 // The one-kernel decode's layout for a call (schedules/cuda.cpp, DecodeLayout):
 // a warp per token (a block per request) for small pools and many tokens per
 // request, else a warp per request; the family's knobs set the bounds.
+// $KPOOL_DECODE_LAYOUT (warp_per_token or warp_per_request, read once)
+// runs every call in one layout: the knobs' measurements take both.
 Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
+    static const char *const asked = std::getenv("KPOOL_DECODE_LAYOUT");
+    if (asked != nullptr && std::strcmp(asked, "warp_per_token") == 0) {
+        return Kernel::DECODE_UPDATE;
+    }
+    if (asked != nullptr && std::strcmp(asked, "warp_per_request") == 0) {
+        return Kernel::DECODE_UPDATE_BY_REQUEST;
+    }
 #define KPOOL_DECODE_LAYOUT_RULE(name, max_pool, min_next_n)                                              \
     if (family == Family::name) {                                                                         \
         return pool_size <= (max_pool) && next_n >= (min_next_n) ? Kernel::DECODE_UPDATE                  \
