@@ -210,10 +210,9 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
 // as token (tv, bv): the reference stashes in token order, so the last stash
 // into a slot wins; a token that a later one overwrites stashes nothing,
 // which leaves the tokens free of order (and of races) for a schedule.
-void define_overwritten(Func overwritten, RDom &later, Func positions, Func tail_slots, Expr next_n,
-                        const Divisor &ring) {
+void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr next_n, const Divisor &ring) {
     Var tv{"tv"}, bv{"bv"};
-    later = RDom(0, next_n, "later");
+    RDom later(0, next_n, "later");
     DecodeToken self = decode_token(positions, tail_slots, tv, bv, ring);
     DecodeToken l = decode_token(positions, tail_slots, later, bv, ring);
     overwritten(tv, bv) = Internal::const_false();
@@ -242,7 +241,7 @@ void define_stashes(DecodeStashStages &s, Func tail, Func tail_slot_mapping, Fun
     Expr t = r.y, b = r.z, h = r[3];
     auto in_batch = [&](Func f) { return clamp_token_and_request(f, next_n, requests_in_blocks ? requests : Expr()); };
     Func positions_in = in_batch(positions), tail_slots_in = in_batch(tail_slot_mapping);
-    define_overwritten(s.overwritten, s.later, positions_in, tail_slots_in, next_n, ring_math);
+    define_overwritten(s.overwritten, positions_in, tail_slots_in, next_n, ring_math);
     DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
     Expr blocks = tail.output_buffer().dim(3).extent();
     r.where(tok.stashes && tok.block < blocks && !s.overwritten(t, b));

@@ -185,7 +185,6 @@ struct DecodeStashStages {
     Func tail;
     RDom stash;                       // (d, token, request, half)
     Func overwritten{"overwritten"};  // (token, request): a later token stashes into the same ring slot
-    RDom later;                       // overwritten's walk over the request's tokens
     Func stash_row{"stash_row"};      // (d, half, token, request): what a token stashes (its key, its score)
     Expr ring_is_pow2;
 };

@@ -539,8 +539,10 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
 //   time (pool_in_lanes). Then, after the block barrier that Halide puts
 //   between the two loop nests, the stashes: a warp per token.
 // - WarpPerRequest: decode_requests_per_block requests per block, a warp
-//   each, walking its tokens in a loop (completions pooled in the lanes),
-//   then, after the barrier, its stashes, token by token. Completions are
+//   each: first every token's indices into shared memory (a lane per token,
+//   one round of loads, then a barrier), then the warp walks its tokens in
+//   a loop (completions pooled in the lanes), then, after the barrier, its
+//   stashes, decode_request_token_chunk tokens at a time. Completions are
 //   rare (one token in P): with few tokens per request, a block per request
 //   leaves most of its warps idle.
 // Each stash lane moves 4 bf16 of both halves; a token that a later one
@@ -556,15 +558,22 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
 // JIT cap; cuobjdump -sass): registers, spilled bytes and SASS instructions
 // of the power-of-two / general kernel; global memory instructions by bytes
 // (power-of-two kernel; 4-byte loads are the per-token indices and the
-// unrolled walks over earlier tokens). The knobs of sm90.knobs: a request
-// per block, triton slot groups of 8, exact groups of 4.
+// unrolled walks over earlier tokens; shared: the index table, 4-byte
+// stores 24 and loads 80 in every warp-per-request variant). The knobs of
+// sm90.knobs: a request per block, triton slot groups of 8, exact groups
+// of 4, stash chunks of 4.
 //   warp per request (aligned rows)   regs     spill  SASS       loads               stores
-//   P=4  exact                        122/124  0/0    3332/3112  16Bx4 8Bx13 4Bx37   8Bx2 4Bx2
-//   P=4  triton                        72/80   0/0    1257/1028  16Bx4 8Bx10 4Bx37   8Bx2 4Bx2
-//   P=8  exact                        124/125  0/0    3362/3357  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
-//   P=8  triton                       111/128  0/0    1791/1443  16Bx8 8Bx18 4Bx37   8Bx2 4Bx2
-//   P=16 exact                        118/128  0/0    3350/3443  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
-//   P=16 triton                       123/128  0/0    2077/2060  16Bx24 8Bx34 4Bx23  8Bx2 4Bx2
+//   P=4  exact                        124/128  0/0    4046/3808  16Bx4 8Bx19 4Bx43   8Bx8 4Bx2
+//   P=4  triton                        80/90   0/0    1949/1646  16Bx4 8Bx16 4Bx43   8Bx8 4Bx2
+//   P=8  exact                        126/128  0/0    4087/4007  16Bx12 8Bx24 4Bx29  8Bx8 4Bx2
+//   P=8  triton                       114/128  0/0    2475/2062  16Bx8 8Bx24 4Bx43   8Bx8 4Bx2
+//   P=16 exact                        124/128  0/0    4062/4062  16Bx12 8Bx24 4Bx29  8Bx8 4Bx2
+//   P=16 triton                       123/128  0/0    2764/2692  16Bx24 8Bx40 4Bx29  8Bx8 4Bx2
+// (Before the index table and the stash chunks: P=4 exact/triton 3332/1257,
+// P=16 3350/2077 SASS, the same registers; stores 8Bx2: one stash loop.
+// The growth is the stash chunk's four unrolled tokens, each with its walk
+// over the later ones, and the table's loop; a token runs fewer: no global
+// load before it knows it completes nothing.)
 //   warp per token (any strides)
 //   P=4  exact                        124/128  0/0    1686/1482  4Bx43 2Bx22         4Bx1 2Bx8 1Bx4
 //   P=4  triton                       122/106  0/0    1465/1287  4Bx55 2Bx64         4Bx1 2Bx8 1Bx4
@@ -598,24 +607,23 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
         .split(st.stash.x, stash_lane, stash_v, kValuesPerLane)
         .split(st.stash.z, request_block, stash_request, requests, TailStrategy::GuardWithIf);
     if (per_request) {
-        // A chunk of tokens at a time: their stash rows (both halves) and
-        // whether a later token overwrites each, all loaded before the
-        // chunk's first store (a store may alias a later load, so loads
-        // after it wait for it).
+        // A chunk of tokens at a time: their stash rows (both halves) all
+        // loaded before the chunk's first store (a store may alias a later
+        // load, so loads after it wait for it), then each token's walk over
+        // the later ones (in the shared index table) while they arrive.
         stashes
             .split(st.stash.y, stash_chunk, stash_token, plan.decode_request_token_chunk, TailStrategy::GuardWithIf)
             .reorder(stash_v, st.stash[3], stash_token, stash_chunk, stash_lane, stash_request, request_block)
             .gpu_threads(stash_lane, stash_request)
-            .unroll(stash_token);
+            .unroll(stash_token)
+            .partition(stash_chunk, Partition::Never);
         const std::vector<Var> row = st.stash_row.args();  // (d, half, token, request)
         st.stash_row.compute_at(st.tail, stash_chunk)
             .store_in(MemoryType::Register)
             .vectorize(row[0])
             .unroll(row[1])
             .unroll(row[2]);
-        const Var tv = st.overwritten.args()[0];
-        st.overwritten.compute_at(st.tail, stash_chunk).store_in(MemoryType::Register).unroll(tv);
-        st.overwritten.update(0).reorder(tv, st.later.x).unroll(tv);  // each later token read once
+        st.overwritten.compute_at(st.tail, stash_token);
     } else {
         stashes
             .split(st.stash.y, stash_chunk, stash_token, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
@@ -641,7 +649,8 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
             .store_in(MemoryType::GPUShared)
             .split(t, chunk, lane, kWarpSize, TailStrategy::GuardWithIf)
             .reorder(lane, b, chunk)
-            .gpu_threads(lane, b);
+            .gpu_threads(lane, b)
+            .partition(chunk, Partition::Never);
     }
     completions.specialize(w.pow2_ring_and_page);
 }

@@ -36,6 +36,11 @@ Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
     return Kernel::DECODE_UPDATE;
 }
 
+// The warp-per-request kernel holds a call's per-token indices in shared
+// memory (12 bytes a token, schedules/cuda.cpp): requests longer than this
+// (no engine's decode step) take the warp-per-token kernel.
+constexpr int64_t kMaxTokensPerRequestLayout = 2048;
+
 }  // namespace
 
 namespace {
@@ -136,7 +141,7 @@ int64_t decode_update_and_maybe_write_cache_batched(
                              rows_aligned(tail, 8, {0, 1}) && rows_aligned(ape, 16, {0}) && ape.stride(0) == KPOOL_HEAD_DIM &&
                              rows_aligned(kv_cache, 4, {0});
         const Kernel layout = decode_update_layout(where.family(), pool_size, key.dim(1));
-        if (layout == Kernel::DECODE_UPDATE_BY_REQUEST && aligned &&
+        if (layout == Kernel::DECODE_UPDATE_BY_REQUEST && aligned && key.dim(1) <= kMaxTokensPerRequestLayout &&
             where.has_kernel(Kernel::DECODE_UPDATE_BY_REQUEST, pool_size, indices)) {
             launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_BY_REQUEST>());
         } else {
