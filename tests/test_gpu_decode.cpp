@@ -1,6 +1,6 @@
 // decode_update_and_maybe_write_cache_batched on the GPU (one kernel: its
 // requests' completions, then their stashes; a warp per token at P = 4 with
-// next_n >= 8, else a warp per request, the family's knobs) against the CPU
+// next_n >= 4, else a warp per request, the family's knobs) against the CPU
 // (two kernels), bit for bit: GpuDecode over the axes an engine varies (both
 // layouts), GpuDecodeUnalignedRows the warp-per-token kernel for rows that
 // are not 8-byte words at every P, GpuDecodeManyRequests past grid y,
