@@ -250,7 +250,10 @@ void define_stashes(DecodeStashStages &s, Func tail, Func tail_slot_mapping, Fun
     Expr blocks = tail.output_buffer().dim(3).extent();
     r.where(tok.stashes && tok.block < blocks && !s.overwritten(t, b));
     TailSlot at = clamp_tail_slot(tok.block, tok.ring_pos, ring, blocks);
-    tail(r.x, at.ring_pos, h, at.block) = select(h == 0, in_batch(key)(r.x, t, b), in_batch(slot_score)(r.x, t, b));
+    Var t_var{"t"}, b_var{"b"};
+    s.stash_row(d, half, t_var, b_var) =
+        select(half == 0, in_batch(key)(d, t_var, b_var), in_batch(slot_score)(d, t_var, b_var));
+    tail(r.x, at.ring_pos, h, at.block) = s.stash_row(r.x, h, t, b);
     tail.output_buffer().dim(0).set_bounds(0, kHeadDim).dim(1).set_stride(kHeadDim).dim(2).set_bounds(0, 2);
 }
 
@@ -309,8 +312,17 @@ public:
         const bool requests_in_blocks = layout != DecodeLayout::WarpPerToken;
         define_completions(stages.write, in, cache, pool_size, build_plan(), arithmetic, requests_in_blocks,
                            aligned_rows);
-        define_stashes(stages.stashes, tail_out, index_values(in.tail_slot_mapping), in.key, in.slot_score,
-                       index_values(in.positions), in.key.dim(1).extent(), in.key.dim(2).extent(),
+        // The stashes read a request's per-token indices through one table
+        // (a schedule may load it once per call: all three indices, the
+        // completions reading the same words).
+        Var t{"t"}, b{"b"};
+        stages.token_indices(t, b) = Tuple(index_values(in.positions)(t, b), index_values(in.tail_slot_mapping)(t, b),
+                                           index_values(in.slot_mapping)(t, b));
+        Func stash_positions{"stash_positions"}, stash_tail_slots{"stash_tail_slots"};
+        stash_positions(t, b) = stages.token_indices(t, b)[0];
+        stash_tail_slots(t, b) = stages.token_indices(t, b)[1];
+        define_stashes(stages.stashes, tail_out, stash_tail_slots, in.key, in.slot_score, stash_positions,
+                       in.key.dim(1).extent(), in.key.dim(2).extent(),
                        stages.write.pow2_ring_and_page, requests_in_blocks);
         if (aligned_rows) {
             // Rows of 4 bf16 words: (d, token, request) and (d, ring_pos, half, block).

@@ -186,6 +186,7 @@ struct DecodeStashStages {
     Func tail;
     RDom stash;                       // (d, token, request, half)
     Func overwritten{"overwritten"};  // (token, request): a later token stashes into the same ring slot
+    Func stash_row{"stash_row"};      // (d, half, token, request): what a token stashes (its key, its score)
     Expr ring_is_pow2;
 };
 
@@ -203,6 +204,10 @@ struct DecodeUpdateStages {
     bool aligned_rows = false;  // a lane's bf16 and code runs are aligned words (vector loads and stores)
     DecodeWriteStages write;
     DecodeStashStages stashes;
+    // (token, request): Tuple(position, tail slot, cache slot), int32: the
+    // indices the stashes read (positions and tail slots) and the rest of
+    // a token's, for a schedule that loads them all at once.
+    Func token_indices{"token_indices"};
 };
 
 // The expand family: one int32 output over (col, row).

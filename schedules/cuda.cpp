@@ -70,6 +70,10 @@ struct CudaPlan : KnobReader {
     int decode_tokens_per_block = knob("decode.tokens_per_block");
     // Decode's warp-per-request layout: requests (warps) per block.
     int decode_requests_per_block = knob("decode.requests_per_block");
+    // A warp per request stashes its tokens in chunks of this many: a
+    // chunk's stash rows (both halves) are loaded together, before its
+    // first store (one latency per chunk, not two per token).
+    int decode_request_token_chunk = knob("decode.request_token_chunk");
     // A completion pooled in its token's lanes (V elements per lane), in
     // the triton arithmetic, unrolls its slot folds up to this many slots;
     // past it each fold runs in groups of this many slots, each group
@@ -605,8 +609,10 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
 //   time (pool_in_lanes). Then, after the block barrier that Halide puts
 //   between the two loop nests, the stashes: a warp per token.
 // - WarpPerRequest: decode_requests_per_block requests per block, a warp
-//   each, walking its tokens in a loop (completions pooled in the lanes),
-//   then, after the barrier, its stashes, token by token. Completions are
+//   each: first every token's indices into shared memory (a lane per token,
+//   one round of loads, then a barrier), then the warp walks its tokens in
+//   a loop (completions pooled in the lanes), then, after the barrier, its
+//   stashes, decode_request_token_chunk tokens at a time. Completions are
 //   rare (one token in P): with few tokens per request, a block per request
 //   leaves most of its warps idle.
 // Each stash lane moves 4 bf16 of both halves; a token that a later one
@@ -622,15 +628,22 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
 // JIT cap; cuobjdump -sass): registers, spilled bytes and SASS instructions
 // of the power-of-two / general kernel; global memory instructions by bytes
 // (power-of-two kernel; 4-byte loads are the per-token indices and the
-// unrolled walks over earlier tokens). The knobs of sm90.knobs: a request
-// per block, triton slot groups of 8, exact groups of 4.
+// unrolled walks over earlier tokens; shared: the index table, 4-byte
+// stores 24 and loads 80 in every warp-per-request variant). The knobs of
+// sm90.knobs: a request per block, triton slot groups of 8, exact groups
+// of 4, stash chunks of 4.
 //   warp per request (aligned rows)   regs     spill  SASS       loads               stores
-//   P=4  exact                        122/124  0/0    3332/3112  16Bx4 8Bx13 4Bx37   8Bx2 4Bx2
-//   P=4  triton                        72/80   0/0    1257/1028  16Bx4 8Bx10 4Bx37   8Bx2 4Bx2
-//   P=8  exact                        124/125  0/0    3362/3357  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
-//   P=8  triton                       111/128  0/0    1791/1443  16Bx8 8Bx18 4Bx37   8Bx2 4Bx2
-//   P=16 exact                        118/128  0/0    3350/3443  16Bx12 8Bx18 4Bx23  8Bx2 4Bx2
-//   P=16 triton                       123/128  0/0    2077/2060  16Bx24 8Bx34 4Bx23  8Bx2 4Bx2
+//   P=4  exact                        124/128  0/0    4046/3808  16Bx4 8Bx19 4Bx43   8Bx8 4Bx2
+//   P=4  triton                        80/90   0/0    1949/1646  16Bx4 8Bx16 4Bx43   8Bx8 4Bx2
+//   P=8  exact                        126/128  0/0    4087/4007  16Bx12 8Bx24 4Bx29  8Bx8 4Bx2
+//   P=8  triton                       114/128  0/0    2475/2062  16Bx8 8Bx24 4Bx43   8Bx8 4Bx2
+//   P=16 exact                        124/128  0/0    4062/4062  16Bx12 8Bx24 4Bx29  8Bx8 4Bx2
+//   P=16 triton                       123/128  0/0    2764/2692  16Bx24 8Bx40 4Bx29  8Bx8 4Bx2
+// (Before the index table and the stash chunks: P=4 exact/triton 3332/1257,
+// P=16 3350/2077 SASS, the same registers; stores 8Bx2: one stash loop.
+// The growth is the stash chunk's four unrolled tokens, each with its walk
+// over the later ones, and the table's loop; a token runs fewer: no global
+// load before it knows it completes nothing.)
 //   warp per token (any strides)
 //   P=4  exact                        124/128  0/0    1686/1482  4Bx43 2Bx22         4Bx1 2Bx8 1Bx4
 //   P=4  triton                       122/106  0/0    1465/1287  4Bx55 2Bx64         4Bx1 2Bx8 1Bx4
@@ -664,9 +677,23 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
         .split(st.stash.x, stash_lane, stash_v, kValuesPerLane)
         .split(st.stash.z, request_block, stash_request, requests, TailStrategy::GuardWithIf);
     if (per_request) {
-        stashes.reorder(stash_v, st.stash[3], st.stash.y, stash_lane, stash_request, request_block)
-            .gpu_threads(stash_lane, stash_request);
-        st.overwritten.compute_at(st.tail, st.stash.y);
+        // A chunk of tokens at a time: their stash rows (both halves) all
+        // loaded before the chunk's first store (a store may alias a later
+        // load, so loads after it wait for it), then each token's walk over
+        // the later ones (in the shared index table) while they arrive.
+        stashes
+            .split(st.stash.y, stash_chunk, stash_token, plan.decode_request_token_chunk, TailStrategy::GuardWithIf)
+            .reorder(stash_v, st.stash[3], stash_token, stash_chunk, stash_lane, stash_request, request_block)
+            .gpu_threads(stash_lane, stash_request)
+            .unroll(stash_token)
+            .partition(stash_chunk, Partition::Never);
+        const std::vector<Var> row = st.stash_row.args();  // (d, half, token, request)
+        st.stash_row.compute_at(st.tail, stash_chunk)
+            .store_in(MemoryType::Register)
+            .vectorize(row[0])
+            .unroll(row[1])
+            .unroll(row[2]);
+        st.overwritten.compute_at(st.tail, stash_token);
     } else {
         stashes
             .split(st.stash.y, stash_chunk, stash_token, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
@@ -678,6 +705,23 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
         .unroll(st.stash[3])
         .vectorize(stash_v)
         .compute_with(completions, request_block);
+    if (per_request) {
+        // Before the completions, every token's indices (a lane per token,
+        // 32 at a time) into shared memory, all in flight at once: the
+        // stashes read them there, and the completions' own reads of the
+        // same words (which decide whether a token completes) then hit L1,
+        // so no token waits on a global load to learn that it completes
+        // nothing. (The completions do not read the table itself: Halide's
+        // skipping of a pool whose token completes nothing then stops.)
+        const Var t = s.token_indices.args()[0], b = s.token_indices.args()[1];
+        Var chunk{"index_chunk"}, lane{"index_lane"};
+        s.token_indices.compute_at(w.cache, request_block)
+            .store_in(MemoryType::GPUShared)
+            .split(t, chunk, lane, kWarpSize, TailStrategy::GuardWithIf)
+            .reorder(lane, b, chunk)
+            .gpu_threads(lane, b)
+            .partition(chunk, Partition::Never);
+    }
     completions.specialize(w.pow2_ring_and_page);
 }
 

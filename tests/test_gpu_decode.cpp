@@ -19,9 +19,11 @@ using ::testing::Combine;
 using ::testing::Values;
 using ::testing::ValuesIn;
 
-// decode: P x RING (P, 2P, 3P) x next_n 1..8 and 20 (past P: a ring slot
-// stashed several times in one call, completions reading earlier tokens'
-// stashes); page size, padding and round_scale vary with next_n.
+// decode: P x RING (P, 2P, 3P) x next_n 1..8, 20, 40 and 2100 (past P: a
+// ring slot stashed several times in one call, completions reading earlier
+// tokens' stashes; past 32: the warp per request loads a call's indices 32
+// tokens at a time; past 2048: the warp per token, whatever the pool);
+// page size, padding and round_scale vary with next_n.
 using GpuDecodeParam = std::tuple<int, int, int>;
 class GpuDecode : public GpuParamTest<GpuDecodeParam> {};
 
@@ -51,7 +53,7 @@ TEST_P(GpuDecode, MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecode,
-                         Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 3), Values(1, 2, 3, 4, 5, 6, 7, 8, 20)),
+                         Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 3), Values(1, 2, 3, 4, 5, 6, 7, 8, 20, 40, 2100)),
                          [](const auto &info) {
                              return "P" + std::to_string(std::get<0>(info.param)) + "_ring" +
                                     std::to_string(std::get<1>(info.param)) + "P_n" +

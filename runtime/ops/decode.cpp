@@ -1,6 +1,8 @@
 // decode_update_and_maybe_write_cache_batched: one decode step; each token
 // is stashed in its request's tail ring, and a token completing a pool
 // writes that pool's cache row.
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -14,7 +16,16 @@ namespace {
 // The one-kernel decode's layout for a call (schedules/cuda.cpp, DecodeLayout):
 // a warp per token (a block per request) for small pools and many tokens per
 // request, else a warp per request; the family's knobs set the bounds.
+// $KPOOL_DECODE_LAYOUT (warp_per_token or warp_per_request, read once)
+// runs every call in one layout: the knobs' measurements take both.
 Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
+    static const char *const asked = std::getenv("KPOOL_DECODE_LAYOUT");
+    if (asked != nullptr && std::strcmp(asked, "warp_per_token") == 0) {
+        return Kernel::DECODE_UPDATE;
+    }
+    if (asked != nullptr && std::strcmp(asked, "warp_per_request") == 0) {
+        return Kernel::DECODE_UPDATE_BY_REQUEST;
+    }
 #define KPOOL_DECODE_LAYOUT_RULE(name, max_pool, min_next_n)                                              \
     if (family == Family::name) {                                                                         \
         return pool_size <= (max_pool) && next_n >= (min_next_n) ? Kernel::DECODE_UPDATE                  \
@@ -24,6 +35,11 @@ Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
 #undef KPOOL_DECODE_LAYOUT_RULE
     return Kernel::DECODE_UPDATE;
 }
+
+// The warp-per-request kernel holds a call's per-token indices in shared
+// memory (12 bytes a token, schedules/cuda.cpp): requests longer than this
+// (no engine's decode step) take the warp-per-token kernel.
+constexpr int64_t kMaxTokensPerRequestLayout = 2048;
 
 }  // namespace
 
@@ -125,7 +141,7 @@ int64_t decode_update_and_maybe_write_cache_batched(
                              rows_aligned(tail, 8, {0, 1}) && rows_aligned(ape, 16, {0}) && ape.stride(0) == KPOOL_HEAD_DIM &&
                              rows_aligned(kv_cache, 4, {0});
         const Kernel layout = decode_update_layout(where.family(), pool_size, key.dim(1));
-        if (layout == Kernel::DECODE_UPDATE_BY_REQUEST && aligned &&
+        if (layout == Kernel::DECODE_UPDATE_BY_REQUEST && aligned && key.dim(1) <= kMaxTokensPerRequestLayout &&
             where.has_kernel(Kernel::DECODE_UPDATE_BY_REQUEST, pool_size, indices)) {
             launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_BY_REQUEST>());
         } else {
