@@ -177,6 +177,20 @@ void constrain_row_views(std::vector<Halide::OutputImageParam> views, int extent
 void write_cache_rows(Func cache, Halide::RDom &write, const std::vector<Expr> &row, Expr loc, Expr writes,
                       const Fp8Row &quant, const Divisor &page, bool offsets_32bit);
 
+// Rows of `param` start at multiples of `word` elements (strides of the
+// `dims` given, the row dimension 0 starting at 0) of a base aligned to a
+// word: Halide then proves a lane's run of a word aligned (the runtime
+// checks both before it takes a words kernel).
+template <typename Param>
+void align_rows(Param &&param, std::initializer_list<int> dims, int word) {
+    for (int d : dims) {
+        param.dim(d).set_stride((param.dim(d).stride() / word) * word);
+    }
+    param.set_host_alignment(word * param.type().bytes());
+}
+// The words kernels store a lane's 4 codes as one 4-byte word.
+constexpr int kCodeWord = 4;
+
 // Tail ring addressing: tslot = block * ring + position in ring.
 struct TailSlot {
     Expr block;

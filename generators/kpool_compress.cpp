@@ -36,17 +36,6 @@ Expr item_value_f32(Func items, const Type &item_type, Expr index_in_lane, std::
     return bf16_to_f32(cast<uint16_t>(item >> cast(item_type, (index_in_lane % per_item) * 16)));
 }
 
-// The words kernels store a lane's 4 codes as one 4-byte word: the codes
-// view's rows (strides of `row_dims`) start at multiples of 4 bytes of a
-// 4-byte-aligned base (the runtime checks both before it takes them).
-constexpr int kCodeWordBytes = 4;
-void code_rows_of_words(OutputImageParam codes, std::initializer_list<int> row_dims) {
-    for (int d : row_dims) {
-        codes.dim(d).set_stride((codes.dim(d).stride() / kCodeWordBytes) * kCodeWordBytes);
-    }
-    codes.set_host_alignment(kCodeWordBytes);
-}
-
 }  // namespace
 
 template <typename T>
@@ -182,7 +171,7 @@ public:
         write_cache_rows(cache, s.write, {pool}, locs(pool), writes(pool) != 0, quant, page_size,
                          !this->get_target().has_feature(Target::LargeBuffers));
         if (words()) {
-            code_rows_of_words(Func(cache).output_buffers()[0], {2});  // (d, token, page): tokens 128 apart
+            align_rows(Func(cache).output_buffers()[0], {2}, kCodeWord);  // (d, token, page): tokens 128 apart
         }
 
         loc.dim(0).set_stride(Expr());
@@ -218,7 +207,7 @@ public:
         compressed(s.d, s.pool) = Tuple(quant.codes(s.d, s.pool), quant.scale(s.d, s.pool));
         constrain_row_views(Func(compressed).output_buffers(), kHeadDim);
         if (words()) {
-            code_rows_of_words(Func(compressed).output_buffers()[0], {1});  // (d, pool)
+            align_rows(Func(compressed).output_buffers()[0], {1}, kCodeWord);  // (d, pool)
         }
     }
 

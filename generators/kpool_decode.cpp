@@ -47,19 +47,8 @@ Func index_values(Func index) {
     return f;
 }
 
-// Elements per aligned word: 4 bf16 in 8 bytes, 4 codes in 4 bytes, 4 f32 in 16.
-constexpr int kBf16Word = 4, kCodeWord = 4, kF32Vector = 4;
-
-// Rows of `param` start at multiples of `word` elements (strides of the
-// `dims` given, the row dimension 0 starting at 0) of a base aligned to a
-// word: Halide then proves a lane's run of a word aligned.
-template <typename Param>
-void align_rows(Param &&param, std::initializer_list<int> dims, int word) {
-    for (int d : dims) {
-        param.dim(d).set_stride((param.dim(d).stride() / word) * word);
-    }
-    param.set_host_alignment(word * param.type().bytes());
-}
+// Elements per aligned word: 4 bf16 in 8 bytes, 4 f32 in 16 (codes: kCodeWord).
+constexpr int kBf16Word = 4, kF32Vector = 4;
 
 // A schedule may round a token loop up past next_n, or a request loop past
 // the requests (guarded: those never write, but Halide's bounds of the

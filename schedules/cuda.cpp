@@ -70,6 +70,8 @@ struct CudaPlan : KnobReader {
     int decode_tokens_per_block = knob("decode.tokens_per_block");
     // Decode's warp-per-request layout: requests (warps) per block.
     int decode_requests_per_block = knob("decode.requests_per_block");
+    // A decode block's requests: that knob's in the warp-per-request layout, one otherwise.
+    int decode_block_requests(bool per_request) const { return per_request ? decode_requests_per_block : 1; }
     // A warp per request stashes its tokens in chunks of this many: a
     // chunk's stash rows (both halves) are loaded together, before its
     // first store (one latency per chunk, not two per token).
@@ -550,7 +552,7 @@ namespace {
 Stage schedule_completions(DecodeWriteStages &w, const CudaPlan &plan, bool per_request, bool aligned_rows) {
     const bool per_element =
         !per_request && plan.decode_exact_pool_per_element && w.compress.pool.arithmetic == Arithmetic::Exact;
-    const int requests = per_request ? plan.decode_requests_per_block : 1;
+    const int requests = plan.decode_block_requests(per_request);
     RVar lane{"write_lane"}, v{"write_v"}, chunk{"token_chunk"}, token{"write_token"};
     RVar request_block{"request_block"}, request{"request"};
     pure_stage_on_gpu(w.cache);
@@ -666,7 +668,7 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     DecodeWriteStages &w = s.write;
     DecodeStashStages &st = s.stashes;
     const bool per_request = s.layout == DecodeLayout::WarpPerRequest;
-    const int requests = per_request ? plan.decode_requests_per_block : 1;
+    const int requests = plan.decode_block_requests(per_request);
     RVar request_block{"request_block"};
     Stage completions = schedule_completions(w, plan, per_request, s.aligned_rows);
     RVar stash_lane{"stash_lane"}, stash_v{"stash_v"}, stash_chunk{"stash_chunk"}, stash_token{"stash_token"};
