@@ -41,10 +41,6 @@ Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
 // (no engine's decode step) take the warp-per-token kernel.
 constexpr int64_t kMaxTokensPerRequestLayout = 2048;
 
-}  // namespace
-
-namespace {
-
 // The kernels compute positions in 32 bits (an int64 one is read saturated):
 // a position past 2^31 - 1, which no context reaches, is rejected on the host.
 void require_int32_positions(const TensorArg &positions) {
