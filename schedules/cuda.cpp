@@ -289,6 +289,16 @@ void compute_pool_in_warp(CompressPool &c, const RowLayout &layout, const Var &d
     }
 }
 
+// The weighted sum's slot fold in groups of `group` slots, each group
+// unrolled (its loads in flight together) with its slots' weights computed
+// inside it: returns the loop over the groups.
+RVar weighted_sum_in_groups(SoftmaxPool &p, int group) {
+    RVar slot_group{"slot_group"}, slot_in{"slot_in_group"};
+    p.weighted_sum.update(0).split(p.slot.x, slot_group, slot_in, group).unroll(slot_in);
+    p.weight.compute_at(p.weighted_sum, slot_in);
+    return slot_group;
+}
+
 // One of a lane's item Funcs (key, score or ape) at `at`: its items of
 // the slots there in registers, 4 items of 32 bits a load.
 void lane_items_at(Func f, int items, LoopLevel at, const CompressLaneLoads &l, const Var &lane) {
@@ -371,9 +381,7 @@ void pool_words_in_warp(CompressPool &c, CompressLaneLoads &l, const RowLayout &
     if (p.max_logit.has_update_definition()) {
         p.max_logit.update(0).unroll(p.later_slot);
     }
-    RVar sum_group{"slot_group"}, sum_in{"slot_in_group"};
-    p.weighted_sum.update(0).split(p.slot.x, sum_group, sum_in, unrolled_slots).unroll(sum_in);
-    p.weight.compute_at(p.weighted_sum, sum_in);
+    const RVar sum_group = weighted_sum_in_groups(p, unrolled_slots);
     lane_items_at(l.key, l.key_items, LoopLevel(p.weighted_sum, sum_group), l, lane);
     lane_items_at(l.score, l.score_items, LoopLevel(p.logit, slot_group), l, lane);
     lane_items_at(l.ape, l.ape_items, LoopLevel(p.logit, slot_group), l, lane);
@@ -533,14 +541,12 @@ void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token
         // each group unrolled: a group's member loads are in flight
         // together (a latency per group and fold, not per slot).
         RVar later_group{"later_slot_group"}, later_in{"later_slot_in_group"};
-        RVar slot_group{"slot_group"}, slot_in{"slot_in_group"};
         if (p.max_logit.has_update_definition()) {
             p.max_logit.update(0)
                 .split(p.later_slot.x, later_group, later_in, group, TailStrategy::GuardWithIf)
                 .unroll(later_in);
         }
-        p.weighted_sum.update(0).split(p.slot.x, slot_group, slot_in, group).unroll(slot_in);
-        p.weight.compute_at(p.weighted_sum, slot_in);
+        weighted_sum_in_groups(p, group);
     }
 }
 
