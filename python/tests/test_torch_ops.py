@@ -89,7 +89,7 @@ def _op_args(s):
         "expand_pools_and_append_tail": (s["pool_ids"], s["seq_lens"], P, False),
         "expand_pools_to_tokens": (s["pool_ids"], s["pool_ids"] >= 0, s["page_table"], None, 12, P),
         "append_tail_to_topk": (s["pool_ids"], s["seq_lens"], s["seq_lens"] // P, None,
-                                torch.tensor([0, 100], dtype=torch.int64), P),
+                                torch.tensor([0, 100], dtype=torch.int64, device=s["seq_lens"].device), P),
     }
 
 
