@@ -33,7 +33,8 @@ public:
         x(s.d, s.row) = bf16_to_f32(q(s.d, s.row));
         const ScheduleDecisions decided = fwht_decisions(build_plan());
         s.layout = decided.layout;
-        s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, s.layout, Expr(true), PoolArithmetic{Arithmetic::Exact, {}, false, max_min_rule(build_plan().target)}, decided.e4m3);
+        s.rotate = rotate_quantize(x, s.d, s.v, s.lane, {s.row}, s.layout, Expr(true),
+                                   pool_arithmetic(Arithmetic::Exact, build_plan().target), decided.e4m3);
         quantized(s.d, s.row) = Tuple(s.rotate.quant.codes(s.d, s.row), s.rotate.quant.scale(s.d, s.row));
         q.dim(0).set_bounds(0, kHeadDim);
         constrain_row_views(Func(quantized).output_buffers(), kHeadDim);
@@ -84,8 +85,8 @@ public:
         Expr v_in_run = s.v % layout.run;
         Expr pair = s.lane_pairs(v_in_run / kPairValues, s.v / layout.run, s.lane, s.row);
         x(s.v, s.lane, s.row) = bf16_to_f32(cast<uint16_t>(pair >> cast<uint32_t>((v_in_run % kPairValues) * 16)));
-        s.rotate = rotate_quantize_lanes(x, s.d, s.v, s.lane, {s.row}, layout, Expr(true), PoolArithmetic{Arithmetic::Exact, {}, false, max_min_rule(build_plan().target)},
-                                         decided.e4m3);
+        s.rotate = rotate_quantize_lanes(x, s.d, s.v, s.lane, {s.row}, layout, Expr(true),
+                                         pool_arithmetic(Arithmetic::Exact, build_plan().target), decided.e4m3);
         const Fp8Row &quant = s.rotate.quant;
         const Var &w = s.word;
         Expr halves[2];

@@ -104,9 +104,9 @@ protected:
         slot_score.dim(0).set_bounds(0, kHeadDim / values_per_item(slot_score.type())).dim(1).set_bounds(0, pool_size);
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         return compress_pool(key, score, ape_f32, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
-                             {arith, rounding_barrier(slot_k.dim(2).stride()), decided.exp_branches,
-                              max_min_rule(plan.target), decided.exp_fma_fast_path},
-                              decided.e4m3);
+                             pool_arithmetic(arith, plan.target, rounding_barrier(slot_k.dim(2).stride()),
+                                             decided.exp_branches, decided.exp_fma_fast_path),
+                             decided.e4m3);
     }
 
     // The words kernels: each lane reads its V values of every slot itself

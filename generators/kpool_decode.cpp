@@ -166,10 +166,13 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     member_key(s.d, s.j, t, b) = bf16_to_f32(s.member_key_bits(s.d, s.j, t, b));
     member_score(s.d, s.j, t, b) = bf16_to_f32(s.member_score_bits(s.d, s.j, t, b));
     s.layout = decided.layout;
+    // The exp's fma fast path where a lane's values are vectors (the
+    // warp-per-request kernels); element by element, the warp-per-token
+    // kernels keep the degree-10 one (kpool_schedules.cpp).
     s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
                                in.round_scale,
-                               {arith, rounding_barrier(in.key.dim(2).stride()), decided.exp_branches,
-                                max_min_rule(plan.target)},
+                               pool_arithmetic(arith, plan.target, rounding_barrier(in.key.dim(2).stride()),
+                                               decided.exp_branches, decided.exp_fma_fast_path && vector_rows),
                                decided.e4m3);
 
     // A completion needs a tail block: with tail_slot < 0 the reference

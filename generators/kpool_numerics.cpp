@@ -340,10 +340,16 @@ Expr PoolArithmetic::divide(Expr a, Expr b) const {
 }
 
 Expr PoolArithmetic::round_to_bf16(Expr x) const {
-    if (max_min.ptx) {
+    if (ptx_round_bf16) {
         return Internal::Call::make(Float(32), kPtxRoundBf16, {x}, Internal::Call::PureExtern);
     }
     return kpool::round_to_bf16(x);
+}
+
+PoolArithmetic pool_arithmetic(Arithmetic kind, const Target &target, RoundingBarrier round, bool exp_branches,
+                               bool exp_fma_fast_path) {
+    const bool cuda = target.has_feature(Target::CUDA);
+    return {kind, round, exp_branches, max_min_rule(target), exp_fma_fast_path, /*ptx_round_bf16=*/cuda};
 }
 
 }  // namespace kpool

@@ -40,7 +40,7 @@ Halide::Expr abs_f32(Halide::Expr x);
 // written-out form's lets in GPU code, which Halide's warp-shuffle lowering
 // rejects).
 struct MaxMinRule {
-    bool ptx = false;  // max.f32 / min.f32 (and PoolArithmetic's cvt.rn.bf16.f32): a CUDA kernel
+    bool ptx = false;  // max.f32 / min.f32: a CUDA kernel
     Halide::Expr max(Halide::Expr a, Halide::Expr b) const;
     Halide::Expr min(Halide::Expr a, Halide::Expr b) const;
 };
@@ -155,6 +155,7 @@ struct PoolArithmetic {
     bool exp_branches = false;  // Exact: exp's exact path as a branch (GPU threads)
     MaxMinRule max_min;         // the softmax max and the row's absmax ignore NaN; ptx: on CUDA
     bool exp_fma_fast_path = false;  // Exact, branching: exp_f32_fast_certified as the fast path
+    bool ptx_round_bf16 = false;     // bf16 rounding as cvt.rn.bf16.f32 (kPtxRoundBf16): a CUDA kernel
 
     Halide::Expr exp(Halide::Expr t) const;
     // sum + k * p, in the order the reference accumulates.
@@ -164,6 +165,11 @@ struct PoolArithmetic {
     // instruction (kPtxRoundBf16).
     Halide::Expr round_to_bf16(Halide::Expr x) const;
 };
+// The steps of a kernel built for `target` in `kind`: max and min by
+// max_min_rule(target), bf16 rounding by instruction on CUDA; the exp as
+// the schedule decided (PoolArithmetic's fields).
+PoolArithmetic pool_arithmetic(Arithmetic kind, const Halide::Target &target, RoundingBarrier round = {},
+                               bool exp_branches = false, bool exp_fma_fast_path = false);
 
 // On CUDA, bf16 rounding is PTX's cvt.rn.bf16.f32 (sm_80 and later), one
 // instruction where the integer form takes about nine. Halide 21 can neither

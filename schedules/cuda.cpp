@@ -641,12 +641,16 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
 // sm90.knobs: a request per block, triton slot groups of 8, exact groups
 // of 4, stash chunks of 4.
 //   warp per request (aligned rows)   regs     spill  SASS       loads               stores
-//   P=4  exact                        124/128  0/0    4046/3808  16Bx4 8Bx19 4Bx43   8Bx8 4Bx2
+//   P=4  exact                        112/100  0/0    4050/4302  16Bx4 8Bx19 4Bx43   8Bx8 4Bx2
 //   P=4  triton                        80/90   0/0    1949/1646  16Bx4 8Bx16 4Bx43   8Bx8 4Bx2
-//   P=8  exact                        126/128  0/0    4087/4007  16Bx12 8Bx24 4Bx29  8Bx8 4Bx2
+//   P=8  exact                        123/109  0/0    4286/4303  16Bx12 8Bx24 4Bx29  8Bx8 4Bx2
 //   P=8  triton                       114/128  0/0    2475/2062  16Bx8 8Bx24 4Bx43   8Bx8 4Bx2
-//   P=16 exact                        124/128  0/0    4062/4062  16Bx12 8Bx24 4Bx29  8Bx8 4Bx2
+//   P=16 exact                        122/114  0/0    4330/4320  16Bx12 8Bx24 4Bx29  8Bx8 4Bx2
 //   P=16 triton                       123/128  0/0    2764/2692  16Bx24 8Bx40 4Bx29  8Bx8 4Bx2
+// The exact rows take the exp's fma fast path (kpool_schedules.cpp): the
+// code outside the exps' exact branches, what a call runs, P=4 1843 -> 1334
+// and P=16 2151 -> 1590 SASS; each exact branch 78 -> 123-159 (it no
+// longer shares the degree-10 path's range reduction), so the whole grows.
 // (Before the index table and the stash chunks: P=4 exact/triton 3332/1257,
 // P=16 3350/2077 SASS, the same registers; stores 8Bx2: one stash loop.
 // The growth is the stash chunk's four unrolled tokens, each with its walk

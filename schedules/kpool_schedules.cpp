@@ -16,10 +16,12 @@ ScheduleDecisions schedule_decisions(const BuildPlan &plan, const KernelAsked &k
     }
     d.exp_branches = cuda;
     d.member_branches = cuda;
-    // Compress's exps are most of its instructions. Decode's warp-per-request
-    // P=4 kernel is at the 128-register cap: the fma fast path's coefficients
-    // made it spill (56 bytes, sm90), so decode keeps the degree-10 one.
-    d.exp_fma_fast_path = cuda && kernel.kind == KernelAsked::Kind::Compress;
+    // The exps are most of the exact arithmetic's instructions. Decode takes
+    // the fma path in its kernels of vector rows only (define_completions):
+    // element by element, the warp-per-token kernels sit at the 128-register
+    // cap, where its f64 coefficients spill (P=8: 8 bytes, sm90).
+    d.exp_fma_fast_path = cuda && (kernel.kind == KernelAsked::Kind::Compress ||
+                                   kernel.kind == KernelAsked::Kind::Decode);
     d.e4m3 = cuda ? cuda::e4m3_encoder(plan) : E4m3Encoder::Integer;
     d.seed_group_size = cuda ? cuda::seed_group_size(plan) : 1;
     return d;

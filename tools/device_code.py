@@ -84,7 +84,8 @@ def sass_functions(cuobjdump, cubin):
         if m:
             current = functions.setdefault(m.group(1), [])
             continue
-        m = re.match(r"\s*/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        # Offsets past 0xfff0 (kernels of more than 4096 instructions) print 5 digits.
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
         if m and current is not None and m.group(2) != "NOP":
             current.append(m.group(2))
     return functions
