@@ -63,9 +63,10 @@ struct CudaPlan : KnobReader {
     // barrier and the idle threads cost more than they save.)
     bool decode_exact_pool_per_element = flag("decode.exact_pool_per_element");
     // Decode's exact pool per element unrolls its slot folds (a call is
-    // latency-bound) up to this many slots (pools in lanes:
-    // decode_lane_unrolled_slots).
+    // latency-bound) up to this many slots, past it in unrolled groups of
+    // decode_exact_slot_group (pools in lanes: decode_lane_unrolled_slots).
     int decode_unrolled_exact_slots = knob("decode.unrolled_exact_slots");
+    int decode_exact_slot_group = knob("decode.exact_slot_group");
     // decode: tokens of a request run side by side (triton), stashed per block
     int decode_tokens_per_block = knob("decode.tokens_per_block");
     // Decode's warp-per-request layout: requests (warps) per block.
@@ -482,13 +483,29 @@ void compute_ring_walk_at(DecodeWriteStages &s, LoopLevel at) {
     s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
 }
 
+// Both slot folds over groups of `group` slots, each group unrolled: a
+// group's member loads are in flight together (a latency per group and
+// fold, not per slot).
+void folds_in_groups(SoftmaxPool &p, int group) {
+    RVar later_group{"later_slot_group"}, later_in{"later_slot_in_group"};
+    if (p.max_logit.has_update_definition()) {
+        p.max_logit.update(0)
+            .split(p.later_slot.x, later_group, later_in, group, TailStrategy::GuardWithIf)
+            .unroll(later_in);
+    }
+    weighted_sum_in_groups(p, group);
+}
+
 // A completion's pool, each element on a thread of its own: the exact
 // arithmetic's pool is the longest chain of a completion (P slots of loads
 // and f64 exps per element), so every element of it is a thread (128, a
 // warp per 32 elements), pooling into shared memory; then the token's lanes
 // (a warp at V = 4) rotate and quantize the row as in compress. Halide skips
 // both for a token whose write condition is false, so the many tokens that
-// complete nothing cost a few loads.
+// complete nothing cost a few loads. The slot folds are unrolled whole up to
+// decode_unrolled_exact_slots, past it in unrolled groups of
+// decode_exact_slot_group (P=16 in fours: 4 + 4 rounds of member loads,
+// where slot loops took 15 + 16).
 void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token) {
     CompressPool &c = s.compress;
     Var dw{"d_warp"}, dl{"d_lane"}, warp{"pool_warp"};
@@ -505,8 +522,11 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
             p.max_logit.update(0).unroll(p.later_slot);
         }
         p.weighted_sum.update(0).unroll(p.slot);
+        p.weight.compute_at(p.weighted_sum, p.slot);
+    } else {
+        folds_in_groups(p, plan.decode_exact_slot_group);
     }
-    p.weight.compute_at(p.weighted_sum, p.slot).store_in(MemoryType::Register);
+    p.weight.store_in(MemoryType::Register);
     compute_ring_walk_at(s, LoopLevel(c.pooled_bf16, dl));
     compute_row_in_warp(c.rotate, s.v, s.lane, LoopLevel(s.cache, token));
 }
@@ -537,16 +557,7 @@ void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token
             f.compute_at(s.compress.pooled_bf16, s.lane).store_in(MemoryType::Register).unroll(s.j).vectorize(s.d);
         }
     } else if (!unroll_slots) {
-        // Past `group` slots, each fold runs over groups of `group` slots,
-        // each group unrolled: a group's member loads are in flight
-        // together (a latency per group and fold, not per slot).
-        RVar later_group{"later_slot_group"}, later_in{"later_slot_in_group"};
-        if (p.max_logit.has_update_definition()) {
-            p.max_logit.update(0)
-                .split(p.later_slot.x, later_group, later_in, group, TailStrategy::GuardWithIf)
-                .unroll(later_in);
-        }
-        weighted_sum_in_groups(p, group);
+        folds_in_groups(p, group);
     }
 }
 
