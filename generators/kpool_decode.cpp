@@ -145,17 +145,15 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     Expr from = clamp(writer, 0, next_n - 1);
     Expr current = s.j == P - 1;
     const Arithmetic arith = arithmetic_for(arithmetic, plan.target);
-    const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Decode, arith});
+    const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Decode, arith, vector_rows});
     // A member is this call's input of its token (the current one, or the
     // earlier one that stashed it) or else the ring's: where the family
-    // branches and a lane's run is one vector, one load of the one source
-    // (element by element, a branch per element costs more than the load).
-    const bool member_branches = decided.member_branches && vector_rows;
+    // branches (ScheduleDecisions), one load of the one source.
     auto member = [&](Func input, int half) {
         Expr own = input(s.d, select(current, t, from), b);
         Expr ring_member = in.tail(s.d, member_ring_pos, half, member_block);
         Expr from_inputs = current || stashed;
-        return member_branches
+        return decided.member_branches
                    ? Internal::Call::make(own.type(), Internal::Call::if_then_else, {from_inputs, own, ring_member},
                                           Internal::Call::PureIntrinsic)
                    : select(from_inputs, own, ring_member);
@@ -166,13 +164,10 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     member_key(s.d, s.j, t, b) = bf16_to_f32(s.member_key_bits(s.d, s.j, t, b));
     member_score(s.d, s.j, t, b) = bf16_to_f32(s.member_score_bits(s.d, s.j, t, b));
     s.layout = decided.layout;
-    // The exp's fma fast path where a lane's values are vectors (the
-    // warp-per-request kernels); element by element, the warp-per-token
-    // kernels keep the degree-10 one (kpool_schedules.cpp).
     s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
                                in.round_scale,
                                pool_arithmetic(arith, plan.target, rounding_barrier(in.key.dim(2).stride()),
-                                               decided.exp_branches, decided.exp_fma_fast_path && vector_rows),
+                                               decided.exp_branches, decided.exp_fma_fast_path),
                                decided.e4m3);
 
     // A completion needs a tail block: with tail_slot < 0 the reference

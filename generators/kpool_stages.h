@@ -72,7 +72,9 @@ private:
 struct KernelAsked {
     enum class Kind { Fwht, Compress, Decode, SeedTail } kind;
     Arithmetic arithmetic = Arithmetic::Exact;
-    bool words = false;  // compress's words kernels (CompressLaneLoads)
+    // A words kernel: a lane's values of a row move as aligned words
+    // (compress's CompressLaneLoads, decode's aligned_rows).
+    bool words = false;
     bool is_row_kernel() const { return kind != Kind::SeedTail; }
 };
 
@@ -90,9 +92,11 @@ struct ScheduleDecisions {
     // CPU code).
     bool exp_branches = false;
     // Whether decode picks a pool member's source (this call's inputs or
-    // the ring) with a branch, so a member is one load (GPU threads: the
-    // source is the same for a whole warp), rather than a select of both
-    // loads (vector CPU code).
+    // the ring) with a branch, so a member is one load (GPU threads in a
+    // words kernel: the source is the same for a whole warp, and a lane's
+    // run is one vector), rather than a select of both loads (vector CPU
+    // code; element by element, a branch per element costs more than the
+    // load).
     bool member_branches = false;
     // Whether a branching exp's fast path is the fma one (exp_f32_fast_certified:
     // fewer instructions, more registers for its f64 coefficients) rather than
