@@ -70,6 +70,7 @@ public:
     // exist on CUDA only (checked before anything runs, empty calls too).
     void require_pool_arithmetic() const;
     Family family() const { return cuda_ ? cuda_->family : Family::cpu; }
+    Arithmetic arithmetic() const { return arithmetic_; }
     // exec->index_errors on a device call: where out-of-range indices are
     // marked; NULL on the host (which rejects them) or when not asked for.
     int32_t *index_errors() const { return index_errors_; }

@@ -8,17 +8,20 @@
 
 #include "ops.h"
 
-#include "kpool_decode_layouts.inc"  // KPOOL_FOR_EACH_DECODE_LAYOUT_RULE(X): X(family, max pool, min next_n)
+#include "kpool_decode_layouts.inc"  // KPOOL_FOR_EACH_DECODE_LAYOUT_RULE(X): X(family, max pool, min next_n, the same exact)
 
 namespace kpool::rt {
 namespace {
 
 // The one-kernel decode's layout for a call (schedules/cuda.cpp, DecodeLayout):
-// a warp per token (a block per request) for small pools and many tokens per
-// request, else a warp per request; the family's knobs set the bounds.
+// a warp per token (a block per request) for pools up to a bound and at
+// least so many tokens per request, else a warp per request; the family's
+// knobs set both bounds per arithmetic (the exact arithmetic pools each
+// element of a completion on a thread of its own in the warp-per-token
+// kernel, which wins it most shapes).
 // $KPOOL_DECODE_LAYOUT (warp_per_token or warp_per_request, read once)
 // runs every call in one layout: the knobs' measurements take both.
-Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
+Kernel decode_update_layout(Family family, Arithmetic arithmetic, int pool_size, int64_t next_n) {
     static const char *const asked = std::getenv("KPOOL_DECODE_LAYOUT");
     if (asked != nullptr && std::strcmp(asked, "warp_per_token") == 0) {
         return Kernel::DECODE_UPDATE;
@@ -26,10 +29,13 @@ Kernel decode_update_layout(Family family, int pool_size, int64_t next_n) {
     if (asked != nullptr && std::strcmp(asked, "warp_per_request") == 0) {
         return Kernel::DECODE_UPDATE_BY_REQUEST;
     }
-#define KPOOL_DECODE_LAYOUT_RULE(name, max_pool, min_next_n)                                              \
+    auto per_token = [&](int max_pool, int min_next_n) { return pool_size <= max_pool && next_n >= min_next_n; };
+#define KPOOL_DECODE_LAYOUT_RULE(name, max_pool, min_next_n, exact_max_pool, exact_min_next_n)            \
     if (family == Family::name) {                                                                         \
-        return pool_size <= (max_pool) && next_n >= (min_next_n) ? Kernel::DECODE_UPDATE                  \
-                                                                 : Kernel::DECODE_UPDATE_BY_REQUEST;      \
+        const bool exact = arithmetic == Arithmetic::exact;                                               \
+        return per_token(exact ? (exact_max_pool) : (max_pool), exact ? (exact_min_next_n) : (min_next_n)) \
+                   ? Kernel::DECODE_UPDATE                                                                \
+                   : Kernel::DECODE_UPDATE_BY_REQUEST;                                                    \
     }
     KPOOL_FOR_EACH_DECODE_LAYOUT_RULE(KPOOL_DECODE_LAYOUT_RULE)
 #undef KPOOL_DECODE_LAYOUT_RULE
@@ -136,7 +142,7 @@ int64_t decode_update_and_maybe_write_cache_batched(
         const bool aligned = rows_aligned(key, 8, {0, 1}) && rows_aligned(score, 8, {0, 1}) &&
                              rows_aligned(tail, 8, {0, 1}) && rows_aligned(ape, 16, {0}) && ape.stride(0) == KPOOL_HEAD_DIM &&
                              rows_aligned(kv_cache, 4, {0});
-        const Kernel layout = decode_update_layout(where.family(), pool_size, key.dim(1));
+        const Kernel layout = decode_update_layout(where.family(), where.arithmetic(), pool_size, key.dim(1));
         if (layout == Kernel::DECODE_UPDATE_BY_REQUEST && aligned && key.dim(1) <= kMaxTokensPerRequestLayout &&
             where.has_kernel(Kernel::DECODE_UPDATE_BY_REQUEST, pool_size, indices)) {
             launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_BY_REQUEST>());
