@@ -71,8 +71,11 @@ def test_gpu_families_name_the_same_knobs():
 def test_units_split_by_op_and_arithmetic():
     u = kt.units(read("sm90"))
     knobs = read("sm90")
-    tunable = sorted(k for k in knobs.values if len(knobs.legal[k]) > 1)
+    tunable = sorted(k for k in knobs.values if len(knobs.legal[k]) > 1 and not kt.RUNTIME_KNOBS.match(k))
     assert sorted(k for ks in u.values() for k in ks) == tunable  # each in one unit
+    # The runtime's layout rule is no kernel's: no candidate varies it.
+    layout_rule = [k for k in knobs.values if "per_token_" in k]
+    assert len(layout_rule) == 4 and not set(layout_rule) & set(tunable)
     assert u["compress.exact"] == ["compress.exact_values", "compress.exact_words_values",
                                    "compress.exact_words_unrolled_slots"]
     assert "compress.triton_values" in u["compress"]
