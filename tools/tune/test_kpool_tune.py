@@ -71,11 +71,12 @@ def test_gpu_families_name_the_same_knobs():
 def test_units_split_by_op_and_arithmetic():
     u = kt.units(read("sm90"))
     knobs = read("sm90")
-    tunable = sorted(k for k in knobs.values if len(knobs.legal[k]) > 1 and not kt.RUNTIME_KNOBS.match(k))
-    assert sorted(k for ks in u.values() for k in ks) == tunable  # each in one unit
-    # The runtime's layout rule is no kernel's: no candidate varies it.
-    layout_rule = [k for k in knobs.values if "per_token_" in k]
-    assert len(layout_rule) == 4 and not set(layout_rule) & set(tunable)
+    # The runtime's decode layout rule is no kernel's: no unit varies it.
+    layout_rule = {f"decode.{arith}per_token_{bound}" for arith in ("", "exact_") for bound in ("max_pool", "min_next_n")}
+    in_units = [k for ks in u.values() for k in ks]
+    assert layout_rule <= set(knobs.values) and not layout_rule & set(in_units)
+    tunable = sorted(k for k in knobs.values if len(knobs.legal[k]) > 1 and k not in layout_rule)
+    assert sorted(in_units) == tunable  # each in one unit
     assert u["compress.exact"] == ["compress.exact_values", "compress.exact_words_values",
                                    "compress.exact_words_unrolled_slots"]
     assert "compress.triton_values" in u["compress"]
