@@ -2,7 +2,7 @@
 """kpool vs the Triton reference on one GPU, every op over the reference's sweep.
 
     PYTHONPATH=python KPOOL_LIBRARY=build/libkpool.so python3 bench/bench_gpu.py [--quick]
-        [--only copy,fwht,compress,seed,decode,expand,steps] [--no-graph] [--out FILE]
+        [--only copy,fwht,compress,seed,decode,expand,steps,engine] [--no-graph] [--out FILE]
         [--arithmetic exact|triton]
 
 Both libraries run in one process on the same tensors (the cases, sizes and
@@ -50,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
 
-GROUPS = ("copy", "fwht", "compress", "seed", "decode", "expand", "steps")
+GROUPS = ("copy", "fwht", "compress", "seed", "decode", "expand", "steps", "engine")
 HEADS = 64  # query heads per token: the fwht rows of an engine step
 
 
@@ -401,6 +401,10 @@ def main(argv=None):
         torch.cuda.empty_cache()
     if not a.ours_on_host and (only is None or "steps" in only):
         res["steps"] = run_steps(kt, torch, tt, kt.Gen(4321, "cuda"), ours, ref, ours_ok, roof, a.quick)
+    if not a.ours_on_host and ours_ok and (only is None or "engine" in only):
+        import engine_sequences
+
+        res["engine"] = engine_sequences.run(torch, tt, kt.Gen(99, "cuda"), ours, ref, roof, a.quick, time_graph)
     print(f"\n{'op':<44} {'params':<58} {'ours':>9} {'ref':>9} {'g.ours':>9} {'g.ref':>9} {'bytes':>11} "
           f"{'GB/s':>7} {'%copy':>6} {'speedup':>7} {'host.o':>7} {'host.r':>7} {'enq.o':>6} {'enq.r':>6}  exact")
     gen = kt.Gen(1234, "cuda")

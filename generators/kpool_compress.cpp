@@ -148,7 +148,9 @@ protected:
 
 class CompressToCache : public CompressBase<CompressToCache> {
 public:
-    Input<Buffer<int64_t, 1>> loc{"loc"};                // (pool)
+    // (pool): int64 (the contract's loc), or int32 (an engine's slot_mapping
+    // read in place, kpool_compress_tokens_and_write_cache).
+    Input<Buffer<void, 1>> loc{"loc"};
     Input<Buffer<uint8_t, 1>> write_mask{"write_mask"};  // (pool); stride 0 when absent
     // The K cache in place, as (codes, scales) views (kpool_algorithms.h).
     Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
@@ -163,7 +165,7 @@ public:
         Var d{"d"}, token{"token"}, page{"page"};
         cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
         // Pools past the batch read as "no write", so schedules may split freely.
-        Func locs = BoundaryConditions::constant_exterior(loc, cast<int64_t>(-1));
+        Func locs = BoundaryConditions::constant_exterior(loc, cast(loc.type(), -1));
         Func writes = BoundaryConditions::constant_exterior(write_mask, cast<uint8_t>(0));
         s.write = RDom(0, kHeadDim, 0, slot_k.dim(2).extent(), "write");
         Expr pool = s.write.y;
@@ -224,7 +226,110 @@ private:
     CompressToRowsStages stages;
 };
 
+// The prefill insert with positions (kpool_compress_tokens_and_write_cache
+// given `positions`): a chunk may start inside a pool. Token t completes the
+// pool of positions p-P+1 .. p (p = positions[t], p % P == P-1,
+// slot_mapping[t] >= 0) in its tail block; member j (position p-P+1+j) is
+// row t-(P-1-j) where that row holds that position in the same tail block,
+// else the ring's row of that position in t's block (an earlier chunk
+// seeded it). Like decode, a completion needs a tail block: without one it
+// writes nothing.
+class CompressTokensFromRing : public KpoolGenerator<CompressTokensFromRing> {
+public:
+    GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
+    GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
+
+    Input<Buffer<uint16_t, 2>> key{"key"};                // (d, t), bf16 bits
+    Input<Buffer<uint16_t, 2>> gate_score{"gate_score"};  // (d, t), bf16: the ring holds bf16 scores
+    Input<Buffer<float, 2>> ape{"ape"};                   // (d, j)
+    Input<bool> round_scale{"round_scale"};
+    Input<bool> aligned_data{"aligned_data"};  // ape's rows 16-byte aligned (the runtime checked)
+    Input<Buffer<void, 1>> slot_mapping{"slot_mapping"};            // (t), int32 or int64
+    Input<Buffer<void, 1>> positions{"positions"};                  // (t), of its type
+    Input<Buffer<void, 1>> tail_slot_mapping{"tail_slot_mapping"};  // (t), of its type
+    Input<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block): the ring as before the call
+    Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
+
+    void generate() {
+        CompressToCacheStages &s = stages;
+        Var d = s.d, j = s.j, t = s.pool;
+        const int P = pool_size;
+        const BuildPlan plan = build_plan();
+        const Arithmetic arith = arithmetic_for(arithmetic, plan.target);
+        const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Compress, arith, false});
+        s.layout = decided.layout;
+        s.conditions = {aligned_data && ape.dim(1).stride() % 4 == 0, round_scale};
+
+        Expr tokens = key.dim(1).extent(), ring = tail.dim(1).extent(), blocks = tail.dim(3).extent();
+        Divisor ring_math(ring, Divisor::Kind::MaybePow2);
+        // Every per-token read clamped into the tokens: a schedule may round
+        // a loop over them up (those rows write nothing).
+        auto row = [&](Expr i) { return clamp(i, 0, tokens - 1); };
+        Func position{"position"}, block{"tail_block"};
+        position(t) = saturating_cast<int32_t>(positions(row(t)));
+        Expr tail_slot = saturating_cast<int32_t>(tail_slot_mapping(row(t)));
+        block(t) = select(tail_slot >= 0, ring_math.div(max(tail_slot, 0)), -1);
+
+        // Member j of the pool t completes: its distance back, its row in
+        // the chunk, and whether that row is it.
+        Expr back = P - 1 - j, p = position(t), from = row(t - back);
+        Func in_chunk{"member_in_chunk"};
+        in_chunk(j, t) = t - back >= 0 && position(from) == p - back && block(from) == block(t);
+        // (Clamped: bounds inference cannot bound the shift-or-modulo.)
+        Expr ring_pos = clamp(ring_math.mod(max(p - back, 0)), 0, ring - 1),
+             ring_block = clamp(block(t), 0, blocks - 1);
+        Func member_key{"member_key"}, member_score{"member_score"};
+        member_key(d, j, t) = bf16_to_f32(select(in_chunk(j, t), key(d, from), tail(d, ring_pos, 0, ring_block)));
+        member_score(d, j, t) =
+            bf16_to_f32(select(in_chunk(j, t), gate_score(d, from), tail(d, ring_pos, 1, ring_block)));
+        s.compress = compress_pool(member_key, member_score, ape, P, d, j, s.v, s.lane, {t}, s.layout, round_scale,
+                                   pool_arithmetic(arith, plan.target, rounding_barrier(key.dim(1).stride()),
+                                                   decided.exp_branches, decided.exp_fma_fast_path),
+                                   decided.e4m3);
+
+        Var cd{"d"}, token{"token"}, page{"page"};
+        cache(cd, token, page) = Tuple(undef<uint8_t>(), undef<float>());
+        s.write = RDom(0, kHeadDim, 0, tokens, "write");
+        Expr w = s.write.y, wp = position(w);
+        Expr completes = wp >= 0 && wp % P == P - 1 && block(w) >= 0 && block(w) < blocks;
+        Divisor page_size(Func(cache).output_buffers()[0].dim(1).extent(), Divisor::Kind::Any);
+        write_cache_rows(cache, s.write, {w}, saturating_cast<int32_t>(slot_mapping(row(w))), completes,
+                         s.compress.rotate.quant, page_size, !get_target().has_feature(Target::LargeBuffers));
+
+        key.dim(0).set_bounds(0, kHeadDim);
+        gate_score.dim(0).set_bounds(0, kHeadDim);
+        ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, P);
+        tail.dim(0).set_bounds(0, kHeadDim).dim(1).set_stride(kHeadDim).dim(2).set_bounds(0, 2);
+        for (auto *per_token : {&slot_mapping, &positions, &tail_slot_mapping}) {
+            per_token->dim(0).set_stride(Expr());
+        }
+    }
+
+    void schedule() {
+        using namespace estimate;
+        key.set_estimates({{0, kHeadDim}, {0, kTokens}});
+        gate_score.set_estimates({{0, kHeadDim}, {0, kTokens}});
+        ape.set_estimates({{0, kHeadDim}, {0, pool_size}});
+        round_scale.set_estimate(true);
+        aligned_data.set_estimate(true);
+        for (auto *per_token : {&slot_mapping, &positions, &tail_slot_mapping}) {
+            per_token->set_estimates({{0, kTokens}});
+        }
+        tail.set_estimates(tail_ring(pool_size));
+        cache.set_estimates(kv_cache());
+        if (using_autoscheduler()) {
+            return;
+        }
+        stages.cache = cache;
+        schedule_compress_to_cache(stages, build_plan());
+    }
+
+private:
+    CompressToCacheStages stages;
+};
+
 }  // namespace kpool
 
 HALIDE_REGISTER_GENERATOR(kpool::CompressToCache, kpool_compress_to_cache)
+HALIDE_REGISTER_GENERATOR(kpool::CompressTokensFromRing, kpool_compress_tokens_from_ring)
 HALIDE_REGISTER_GENERATOR(kpool::CompressToRows, kpool_compress_to_rows)

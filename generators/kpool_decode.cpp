@@ -95,28 +95,47 @@ struct DecodeWriteArguments {
     }
 };
 
+// A decode call's tokens as the completions and stashes read them: a grid of
+// next_n tokens x `requests` requests, however the caller lays them out
+// (DecodeWriteArguments: [B, N] tensors; the ragged decode: flat tokens and
+// query_start_loc). A token past its request's count reads as padding
+// (every index -1).
+struct DecodeTokens {
+    Func tail_slot_mapping, slot_mapping, positions;  // (token, request), int32 values
+    Func key, slot_score;                             // (d, token, request), bf16 bits
+    Expr next_n, requests;
+    Expr key_outer_stride;  // a stride of key's buffer, for the rounding barrier
+};
+
+// The [B, N] layout: each input as it is (indices saturated to int32).
+DecodeTokens batched_tokens(DecodeWriteArguments &in) {
+    return {index_values(in.tail_slot_mapping), index_values(in.slot_mapping), index_values(in.positions),
+            in.key, in.slot_score, in.key.dim(1).extent(), in.key.dim(2).extent(), in.key.dim(2).stride()};
+}
+
 // Every completing token's pool, compressed and written into `cache` (the K
 // cache in place, as (codes, scales) views) over s.write: (d, token, request).
 // requests_in_blocks: the schedule may put several requests in a block
 // (clamp_token_and_request).
 // vector_rows: the kernel reads a lane's run of a row as one vector (its
 // rows aligned), so a member chosen by a branch is one load.
-void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, GeneratorOutput<Func> &cache, int P,
-                        const BuildPlan &plan, Arithmetic arithmetic, bool requests_in_blocks = true,
-                        bool vector_rows = false) {
+template <typename Args>
+void define_completions(DecodeWriteStages &s, Args &in, const DecodeTokens &tokens,
+                        GeneratorOutput<Func> &cache, int P, const BuildPlan &plan, Arithmetic arithmetic,
+                        bool requests_in_blocks = true, bool vector_rows = false) {
     Expr ring = in.tail.dim(1).extent();
     // Ring and cache page both powers of two (the engines' case): every
     // division of the kernel by shifts, in the kernel a schedule specializes
     // on s.pow2_ring_and_page; otherwise every one by division.
     s.pow2_ring_and_page = pow2_ring_and_page(in.tail.dim(1).extent(), Func(cache).output_buffers()[0].dim(1).extent());
     Divisor ring_math(ring, s.pow2_ring_and_page);
-    Expr next_n = in.key.dim(1).extent();
-    Expr requests = in.key.dim(2).extent();
+    Expr next_n = tokens.next_n;
+    Expr requests = tokens.requests;
     Var t = s.token, b = s.request;
     auto in_batch = [&](Func f) { return clamp_token_and_request(f, next_n, requests_in_blocks ? requests : Expr()); };
-    Func positions_in = in_batch(index_values(in.positions)),
-         tail_slots_in = in_batch(index_values(in.tail_slot_mapping)),
-         slots_in = in_batch(index_values(in.slot_mapping)), key_in = in_batch(in.key), score_in = in_batch(in.slot_score);
+    Func positions_in = in_batch(tokens.positions), tail_slots_in = in_batch(tokens.tail_slot_mapping),
+         slots_in = in_batch(tokens.slot_mapping), key_in = in_batch(tokens.key),
+         score_in = in_batch(tokens.slot_score);
 
     // Member j of the pool [pos - (P-1), pos] that token t completes sits
     // at position pos - (P-1) + j: as RING % P == 0 (SPEC; the runtime
@@ -166,7 +185,7 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     s.layout = decided.layout;
     s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
                                in.round_scale,
-                               pool_arithmetic(arith, plan.target, rounding_barrier(in.key.dim(2).stride()),
+                               pool_arithmetic(arith, plan.target, rounding_barrier(tokens.key_outer_stride),
                                                decided.exp_branches, decided.exp_fma_fast_path),
                                decided.e4m3);
 
@@ -189,12 +208,16 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     in.tail.dim(0).set_bounds(0, kHeadDim);
     in.tail.dim(1).set_stride(kHeadDim);
     in.tail.dim(2).set_bounds(0, 2);
+    in.ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, P);
+}
+
+// The [B, N] inputs' own constraints (the ragged ones state theirs).
+void constrain_batched_tokens(DecodeWriteArguments &in) {
     in.key.dim(0).set_bounds(0, kHeadDim);
     in.slot_score.dim(0).set_bounds(0, kHeadDim);
     for (auto *per_token : {&in.tail_slot_mapping, &in.slot_mapping, &in.positions}) {
         per_token->dim(0).set_stride(Expr());
     }
-    in.ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, P);
 }
 
 // Whether a later token of the same request stashes into the same ring slot
@@ -253,7 +276,10 @@ public:
     // The K cache in place, as (codes, scales) views (kpool_algorithms.h).
     Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
 
-    void generate() { define_completions(stages, in, cache, pool_size, build_plan(), arithmetic); }
+    void generate() {
+        define_completions(stages, in, batched_tokens(in), cache, pool_size, build_plan(), arithmetic);
+        constrain_batched_tokens(in);
+    }
 
     void schedule() {
         in.set_estimates(pool_size);
@@ -274,8 +300,11 @@ private:
 // output), then the stashes of the tokens no later one overwrites. A
 // schedule runs a request's stashes after all of its completions; only a
 // tail block that two requests of the call share could see the other's
-// stash (docs/behaviour.md).
-class DecodeUpdate : public KpoolGenerator<DecodeUpdate> {
+// stash (docs/behaviour.md). `Args` lays the tokens out: [B, N] tensors
+// (DecodeWriteArguments), or flat tokens and query_start_loc
+// (DecodeRaggedArguments).
+template <typename T, typename Args>
+class DecodeUpdateBase : public KpoolGenerator<T> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
     GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
@@ -289,32 +318,31 @@ public:
     // store. Without it the kernel takes any strides.
     GeneratorParam<bool> aligned_rows{"aligned_rows", false};
 
-    DecodeWriteArguments in;
-    Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
-    Output<Buffer<uint16_t, 4>> tail_out{"tail_out"};  // (d, ring_pos, half, block), in place
+    Args in;
+    GeneratorOutput<Func> cache{"cache", {UInt(8), Float(32)}, 3};
+    GeneratorOutput<Buffer<uint16_t, 4>> tail_out{"tail_out"};  // (d, ring_pos, half, block), in place
 
     void generate() {
+        const DecodeTokens tokens = in.tokens();
         // A warp per token runs a block per request (schedules/cuda.cpp): its
         // request loop is the grid, never rounded up.
         const bool requests_in_blocks = layout != DecodeLayout::WarpPerToken;
-        define_completions(stages.write, in, cache, pool_size, build_plan(), arithmetic, requests_in_blocks,
-                           aligned_rows);
+        define_completions(stages.write, in, tokens, cache, pool_size, this->build_plan(), arithmetic,
+                           requests_in_blocks, aligned_rows);
         // The stashes read a request's per-token indices through one table
         // (a schedule may load it once per call: all three indices, the
         // completions reading the same words).
         Var t{"t"}, b{"b"};
-        stages.token_indices(t, b) = Tuple(index_values(in.positions)(t, b), index_values(in.tail_slot_mapping)(t, b),
-                                           index_values(in.slot_mapping)(t, b));
+        stages.token_indices(t, b) =
+            Tuple(tokens.positions(t, b), tokens.tail_slot_mapping(t, b), tokens.slot_mapping(t, b));
         Func stash_positions{"stash_positions"}, stash_tail_slots{"stash_tail_slots"};
         stash_positions(t, b) = stages.token_indices(t, b)[0];
         stash_tail_slots(t, b) = stages.token_indices(t, b)[1];
-        define_stashes(stages.stashes, tail_out, stash_tail_slots, in.key, in.slot_score, stash_positions,
-                       in.key.dim(1).extent(), in.key.dim(2).extent(),
-                       stages.write.pow2_ring_and_page, requests_in_blocks);
+        define_stashes(stages.stashes, tail_out, stash_tail_slots, tokens.key, tokens.slot_score, stash_positions,
+                       tokens.next_n, tokens.requests, stages.write.pow2_ring_and_page, requests_in_blocks);
+        in.constrain_tokens(aligned_rows);
         if (aligned_rows) {
-            // Rows of 4 bf16 words: (d, token, request) and (d, ring_pos, half, block).
-            align_rows(in.key, {1, 2}, kBf16Word);
-            align_rows(in.slot_score, {1, 2}, kBf16Word);
+            // Rows of 4 bf16 words: (d, ring_pos, half, block).
             align_rows(in.tail, {2, 3}, kBf16Word);
             align_rows(tail_out, {2, 3}, kBf16Word);
             align_rows(Func(cache).output_buffers()[0], {2}, kCodeWord);  // (d, token, page): token stride is 128
@@ -330,18 +358,105 @@ public:
         in.set_estimates(pool_size);
         cache.set_estimates(estimate::kv_cache());
         tail_out.set_estimates(estimate::tail_ring(pool_size));
-        if (using_autoscheduler()) {
+        if (this->using_autoscheduler()) {
             return;
         }
         stages.write.cache = cache;
         stages.stashes.tail = tail_out;
         stages.layout = layout;
-        schedule_decode_update(stages, build_plan());
+        schedule_decode_update(stages, this->build_plan());
     }
 
 private:
     DecodeUpdateStages stages;
 };
+
+// The [B, N] layout's own constraints: each request's next_n tokens in
+// place (with aligned_rows, rows of 4-bf16 words).
+struct DecodeBatchedArguments : DecodeWriteArguments {
+    DecodeTokens tokens() { return batched_tokens(*this); }
+    void constrain_tokens(bool aligned_rows) {
+        constrain_batched_tokens(*this);
+        if (aligned_rows) {
+            align_rows(key, {1, 2}, kBf16Word);  // (d, token, request)
+            align_rows(slot_score, {1, 2}, kBf16Word);
+        }
+    }
+};
+
+class DecodeUpdate : public DecodeUpdateBase<DecodeUpdate, DecodeBatchedArguments> {};
+
+// The ragged decode: T tokens flat, request r's at [query_start_loc[r],
+// query_start_loc[r+1]) in position order, laid out as the grid of
+// max_query_len tokens x B requests (a grid token past its request's count
+// is padding). Offsets out of order or past T read as empty requests; a
+// request of more than max_query_len tokens runs its first max_query_len
+// (the runtime states both rules).
+struct DecodeRaggedArguments {
+    GeneratorInput<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block): the ring as before the call
+    GeneratorInput<Buffer<void, 1>> tail_slot_mapping{"tail_slot_mapping"};  // (t), int32 or int64
+    GeneratorInput<Buffer<uint16_t, 2>> key{"key"};                             // (d, t)
+    GeneratorInput<Buffer<uint16_t, 2>> slot_score{"slot_score"};
+    GeneratorInput<Buffer<float, 2>> ape{"ape"};  // (d, j)
+    GeneratorInput<Buffer<void, 1>> slot_mapping{"slot_mapping"};  // of tail_slot_mapping's type
+    GeneratorInput<Buffer<void, 1>> positions{"positions"};
+    GeneratorInput<Buffer<void, 1>> query_start_loc{"query_start_loc"};  // (request + 1), of the same type
+    GeneratorInput<int32_t> max_query_len{"max_query_len"};  // >= 1 (the runtime passes it so)
+    GeneratorInput<bool> round_scale{"round_scale"};
+
+    DecodeTokens tokens() {
+        Var d{"d"}, t{"t"}, b{"b"};
+        Expr total = key.dim(1).extent();
+        Func offsets = index_values(query_start_loc);
+        Expr first = clamp(offsets(b), 0, total), end = clamp(offsets(b + 1), first, total);
+        Func token_of{"token_of"}, real{"real_token"};
+        token_of(t, b) = clamp(first + t, 0, total - 1);  // in bounds for padding too
+        real(t, b) = t < end - first;
+        auto per_token = [&](Func index, const char *name) {
+            Func f{name};
+            f(t, b) = select(real(t, b), index_values(index)(token_of(t, b)), -1);
+            return f;
+        };
+        DecodeTokens g;
+        g.tail_slot_mapping = per_token(tail_slot_mapping, "ragged_tail_slots");
+        g.slot_mapping = per_token(slot_mapping, "ragged_slots");
+        g.positions = per_token(positions, "ragged_positions");
+        g.key = Func{"ragged_key"};
+        g.key(d, t, b) = key(d, token_of(t, b));
+        g.slot_score = Func{"ragged_score"};
+        g.slot_score(d, t, b) = slot_score(d, token_of(t, b));
+        g.next_n = max_query_len;
+        g.requests = query_start_loc.dim(0).extent() - 1;
+        g.key_outer_stride = key.dim(1).stride();
+        return g;
+    }
+    void constrain_tokens(bool aligned_rows) {
+        key.dim(0).set_bounds(0, kHeadDim);
+        slot_score.dim(0).set_bounds(0, kHeadDim);
+        for (auto *per_token : {&tail_slot_mapping, &slot_mapping, &positions, &query_start_loc}) {
+            per_token->dim(0).set_stride(Expr());
+        }
+        if (aligned_rows) {
+            align_rows(key, {1}, kBf16Word);  // (d, t)
+            align_rows(slot_score, {1}, kBf16Word);
+        }
+    }
+    void set_estimates(int P) {
+        using namespace estimate;
+        tail.set_estimates(tail_ring(P));
+        for (auto *per_token : {&tail_slot_mapping, &slot_mapping, &positions}) {
+            per_token->set_estimates({{0, kRequests * kNextN}});
+        }
+        query_start_loc.set_estimates({{0, kRequests + 1}});
+        key.set_estimates({{0, kHeadDim}, {0, kRequests * kNextN}});
+        slot_score.set_estimates({{0, kHeadDim}, {0, kRequests * kNextN}});
+        ape.set_estimates({{0, kHeadDim}, {0, P}});
+        max_query_len.set_estimate(kNextN);
+        round_scale.set_estimate(true);
+    }
+};
+
+class DecodeUpdateRagged : public DecodeUpdateBase<DecodeUpdateRagged, DecodeRaggedArguments> {};
 
 class DecodeStashTail : public KpoolGenerator<DecodeStashTail> {
 public:
@@ -383,3 +498,4 @@ private:
 HALIDE_REGISTER_GENERATOR(kpool::DecodeWriteCache, kpool_decode_write_cache)
 HALIDE_REGISTER_GENERATOR(kpool::DecodeStashTail, kpool_decode_stash_tail)
 HALIDE_REGISTER_GENERATOR(kpool::DecodeUpdate, kpool_decode_update)
+HALIDE_REGISTER_GENERATOR(kpool::DecodeUpdateRagged, kpool_decode_update_ragged)

@@ -20,11 +20,21 @@ enum class Kernel {
     // CUDA: rows of 16-byte-aligned data and strides, bf16 as 64-bit words of 4
     COMPRESS_TO_CACHE_WORDS,
     COMPRESS_TO_ROWS_WORDS,
+    // CUDA: the two to-cache kinds with an int32 loc (an engine's
+    // slot_mapping read in place: kpool_compress_tokens_and_write_cache)
+    COMPRESS_TO_CACHE_I32,
+    COMPRESS_TO_CACHE_WORDS_I32,
+    // The prefill insert with positions: members before the chunk from the
+    // tail ring (keyed by its indices' type)
+    COMPRESS_TOKENS_FROM_RING,
     SEED_TAIL,
     DECODE_WRITE_CACHE,  // the CPU's decode: completions, then DECODE_STASH_TAIL
     DECODE_STASH_TAIL,
     DECODE_UPDATE,             // CUDA's decode: both in one kernel, a warp per token
     DECODE_UPDATE_BY_REQUEST,  // the same, a warp per request (few tokens per request)
+    // CUDA's ragged decode: the same two layouts on flat tokens and query_start_loc
+    DECODE_UPDATE_RAGGED,
+    DECODE_UPDATE_RAGGED_BY_REQUEST,
     EXPAND_POOLS_AND_APPEND_TAIL,
     EXPAND_POOLS_TO_TOKENS,
     APPEND_TAIL_TO_TOPK,
@@ -71,6 +81,11 @@ KPOOL_SIGNATURE(FWHT_WORDS, Buf, Buf, Buf)
 // (slot_k, slot_score, ape, round_scale, loc, write_mask, cache codes, cache scales)
 KPOOL_SIGNATURE(COMPRESS_TO_CACHE, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
 KPOOL_SIGNATURE(COMPRESS_TO_CACHE_WORDS, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
+KPOOL_SIGNATURE(COMPRESS_TO_CACHE_I32, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
+KPOOL_SIGNATURE(COMPRESS_TO_CACHE_WORDS_I32, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
+// (key, gate_score, ape, round_scale, aligned_data, slot_mapping, positions,
+// tail_slot_mapping, tail, cache codes, cache scales)
+KPOOL_SIGNATURE(COMPRESS_TOKENS_FROM_RING, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf, Buf, Buf)
 // (slot_k, slot_score, ape, round_scale, codes, scales)
 KPOOL_SIGNATURE(COMPRESS_TO_ROWS, Buf, Buf, Buf, bool, bool, Buf, Buf)
 KPOOL_SIGNATURE(COMPRESS_TO_ROWS_WORDS, Buf, Buf, Buf, bool, bool, Buf, Buf)
@@ -81,6 +96,10 @@ KPOOL_SIGNATURE(SEED_TAIL, Buf, Buf, Buf, int32_t, Buf)
 KPOOL_SIGNATURE(DECODE_WRITE_CACHE, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf)
 KPOOL_SIGNATURE(DECODE_UPDATE, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf, Buf)
 KPOOL_SIGNATURE(DECODE_UPDATE_BY_REQUEST, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf, Buf)
+// (tail, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
+// query_start_loc, max_query_len, round_scale, cache codes, cache scales, tail out)
+KPOOL_SIGNATURE(DECODE_UPDATE_RAGGED, Buf, Buf, Buf, Buf, Buf, Buf, Buf, Buf, int32_t, bool, Buf, Buf, Buf)
+KPOOL_SIGNATURE(DECODE_UPDATE_RAGGED_BY_REQUEST, Buf, Buf, Buf, Buf, Buf, Buf, Buf, Buf, int32_t, bool, Buf, Buf, Buf)
 // (tail_slot_mapping, key, slot_score, positions, tail)
 KPOOL_SIGNATURE(DECODE_STASH_TAIL, Buf, Buf, Buf, Buf, Buf)
 // (pool_ids, groups, seq_lens, pool_size, bound_pool_ids, out)

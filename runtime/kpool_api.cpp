@@ -102,6 +102,17 @@ kpool_status_code kpool_compress_and_write_cache(
     });
 }
 
+kpool_status_code kpool_compress_tokens_and_write_cache(
+    const kpool_tensor *kv_cache, const kpool_tensor *key, const kpool_tensor *gate_score, const kpool_tensor *ape,
+    const kpool_tensor *slot_mapping, const kpool_tensor *tail_kv_cache, const kpool_tensor *tail_slot_mapping,
+    const kpool_tensor *positions, int32_t pool_size, int32_t head_dim, int32_t round_scale, const kpool_exec *exec,
+    kpool_status *status) {
+    return run_op(status, [&] {
+        compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mapping, tail_kv_cache,
+                                        tail_slot_mapping, positions, pool_size, head_dim, round_scale, exec);
+    });
+}
+
 kpool_status_code kpool_seed_tail_cache(const kpool_tensor *tail_kv_cache, const kpool_tensor *key,
                                         const kpool_tensor *gate_score, const kpool_tensor *tslot,
                                         int32_t pool_size, int32_t head_dim, const kpool_exec *exec,
@@ -118,6 +129,19 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
         return decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_slot_mapping, key,
                                                            slot_score, ape, slot_mapping, positions, pool_size,
                                                            head_dim, round_scale, exec);
+    });
+}
+
+kpool_status_code kpool_decode_update_and_maybe_write_cache_ragged(
+    const kpool_tensor *kv_cache, const kpool_tensor *tail_kv_cache, const kpool_tensor *tail_slot_mapping,
+    const kpool_tensor *key, const kpool_tensor *slot_score, const kpool_tensor *ape,
+    const kpool_tensor *slot_mapping, const kpool_tensor *positions, const kpool_tensor *query_start_loc,
+    int32_t max_query_len, int32_t pool_size, int32_t head_dim, int32_t round_scale, const kpool_exec *exec,
+    kpool_status *status) {
+    return run(status, [&] {
+        return decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slot_mapping, key,
+                                                          slot_score, ape, slot_mapping, positions, query_start_loc,
+                                                          max_query_len, pool_size, head_dim, round_scale, exec);
     });
 }
 

@@ -95,6 +95,33 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
                                  to_cache ? nullptr : &scale, P, D, 1, to_cache, &exec);
         return;
     }
+    case Kernel::COMPRESS_TO_CACHE_I32:
+    case Kernel::COMPRESS_TO_CACHE_WORDS_I32: {
+        // The prefill insert on P tokens with an int32 slot_mapping: one pool.
+        const bool words = v.kind == Kernel::COMPRESS_TO_CACHE_WORDS_I32;
+        const kpool_dtype score_dtype = v.type == ElementType::f32 ? KPOOL_DTYPE_FLOAT32 : KPOOL_DTYPE_BFLOAT16;
+        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
+                           gate = tensor(score_dtype, {P, D}), ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}),
+                           slots = tensor(KPOOL_DTYPE_INT32, {P});
+        kpool_tensor keys = tensor(KPOOL_DTYPE_BFLOAT16, {P, words ? D : D + 1});
+        if (!words) {  // rows one element in, of odd stride: not word-aligned
+            keys.shape[1] = D;
+            keys.data = static_cast<uint16_t *>(keys.data) + 1;
+        }
+        compress_tokens_and_write_cache(&cache, &keys, &gate, &ape, &slots, nullptr, nullptr, nullptr, P, D, 1, &exec);
+        return;
+    }
+    case Kernel::COMPRESS_TOKENS_FROM_RING: {
+        // The prefill insert with positions (and so the seed) on P tokens.
+        const kpool_dtype index = index_dtype(v.type);
+        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
+                           keys = tensor(KPOOL_DTYPE_BFLOAT16, {P, D}), gate = tensor(KPOOL_DTYPE_BFLOAT16, {P, D}),
+                           ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}), tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}),
+                           slots = tensor(index, {P}), tail_slots = tensor(index, {P}), positions = tensor(index, {P});
+        compress_tokens_and_write_cache(&cache, &keys, &gate, &ape, &slots, &tail, &tail_slots, &positions, P, D, 1,
+                                        &exec);
+        return;
+    }
     case Kernel::DECODE_WRITE_CACHE:
     case Kernel::DECODE_STASH_TAIL:
     case Kernel::DECODE_UPDATE:
@@ -115,6 +142,21 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
                            pos = tensor(index, {1, N});
         decode_update_and_maybe_write_cache_batched(&cache, &tail, &tsm, &key, &score, &ape, &sm, &pos, P, D, 1,
                                                     &exec);
+        return;
+    }
+    case Kernel::DECODE_UPDATE_RAGGED:
+    case Kernel::DECODE_UPDATE_RAGGED_BY_REQUEST: {
+        // One request of two tokens; 64 take the warp-per-token layout
+        // where the family runs it (decode.cpp).
+        const int64_t T = v.kind == Kernel::DECODE_UPDATE_RAGGED ? 64 : 2;
+        const kpool_dtype index = index_dtype(v.type);
+        const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
+                           tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}), tsm = tensor(index, {T}),
+                           key = tensor(KPOOL_DTYPE_BFLOAT16, {T, D}), score = tensor(KPOOL_DTYPE_BFLOAT16, {T, D}),
+                           ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}), sm = tensor(index, {T}),
+                           pos = tensor(index, {T}), offsets = tensor(index, {2});
+        decode_update_and_maybe_write_cache_ragged(&cache, &tail, &tsm, &key, &score, &ape, &sm, &pos, &offsets,
+                                                   static_cast<int32_t>(T), P, D, 1, &exec);
         return;
     }
     case Kernel::SEED_TAIL:

@@ -23,6 +23,10 @@
 //                          variants built; decode runs as one kernel for
 //                          every next_n); *Many*: 70000 requests / rows,
 //                          past grid y's 65535.
+//   test_gpu_engine_sequences.cpp
+//                          GpuPrefillInsert, GpuRaggedDecode: the entry points
+//                          on the engine's token layouts, against the CPU and
+//                          against the engine's own sequences on the GPU.
 //   test_gpu_streams.cpp   GpuWarmUp: kpool_cuda_warm_up, then a first call
 //                          captured in a graph. GpuGraph: a decode and a
 //                          compress call captured on a non-default stream into

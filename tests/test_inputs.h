@@ -4,7 +4,9 @@
 // names the two suites share.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -125,6 +127,88 @@ inline CompressInputs make_compress_inputs(std::mt19937 &rng, int64_t n, int P, 
 // A prefill batch: requests of various lengths, contiguous, each with its own
 // tail block, starting at random prefix positions, with padding between and
 // after them.
+// A prefill batch as an engine holds it (the prefill insert,
+// kpool_compress_tokens_and_write_cache): requests' chunks back to back,
+// key / gate_score [n, 128] rows of wider fused projections, slot_mapping
+// pool-granular (a slot only on the token that ends a pool: position % P ==
+// P-1; some pools -1, as prefix-cached ones), tail_slot_mapping
+// block * RING + position % RING per token (a padding request -1). Chunks
+// start at any position: a pool's first members may lie in the previous
+// request's rows, which the engine's sequence pools as they are.
+struct TokenBatch {
+    HostTensor key, gate_score, slot_mapping, tail_slot_mapping;
+};
+
+inline TokenBatch make_token_batch(std::mt19937 &rng, int P, kpool_dtype score_dtype, kpool_dtype slot_dtype,
+                                   int64_t cache_slots, int64_t ring, int64_t tail_blocks) {
+    const int64_t lengths[] = {1, std::max(1, P - 1), P, P + 1, 2 * P + 3, 5 * P + 2, 3};
+    const int num_requests = 7;
+    const std::vector<int64_t> blocks = distinct_slots(rng, tail_blocks, num_requests);
+    std::vector<int64_t> slots, tail_slots;
+    for (int r = 0; r < num_requests; ++r) {
+        const int64_t start = std::uniform_int_distribution<int64_t>(0, 3 * P)(rng);
+        for (int64_t t = 0; t < lengths[r]; ++t) {
+            const int64_t pos = start + t;
+            slots.push_back(pos % P == P - 1 ? 0 : -1);  // slots assigned below
+            tail_slots.push_back(r == 6 ? -1 : blocks[r] * ring + pos % ring);
+        }
+    }
+    const int64_t n = static_cast<int64_t>(slots.size());
+    int64_t pool_ends = 0;
+    for (int64_t s : slots) pool_ends += s == 0;
+    const std::vector<int64_t> free_slots = distinct_slots(rng, cache_slots, std::min(pool_ends, cache_slots));
+    int64_t next = 0;
+    for (int64_t &s : slots) {
+        if (s == 0) {
+            s = next < static_cast<int64_t>(free_slots.size()) && rng() % 5 != 0 ? free_slots[next++] : -1;
+        }
+    }
+    TokenBatch b;
+    // Column slices of fused projections: rows 320 and 136 elements apart.
+    b.key = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, kD}, {320, 1});
+    b.gate_score = HostTensor(score_dtype, {n, kD}, {136, 1});
+    fill_normal(b.key, rng);
+    fill_normal(b.gate_score, rng, 2.0f);
+    b.slot_mapping = HostTensor(slot_dtype, {n});
+    b.tail_slot_mapping = HostTensor(slot_dtype, {n});
+    for (int64_t i = 0; i < n; ++i) {
+        b.slot_mapping.set_int({i}, slots[i]);
+        b.tail_slot_mapping.set_int({i}, tail_slots[i]);
+    }
+    return b;
+}
+
+// The engine's prefill insert as it calls the drop-in ops today: every
+// token a row, its pool the rows i-P+1 .. i (clamped at 0) gathered into
+// [n, P, 128], write_mask = slot_mapping >= 0 && i >= P-1, the slots as
+// int64 locs; then compress over the n rows and seed over the n tokens.
+// `compress` and `seed` take the C API's arguments (the scalar reference's).
+struct GatheredPools {
+    HostTensor slot_k, slot_score, loc, write_mask;
+};
+inline GatheredPools gather_engine_pools(const TokenBatch &b, int P) {
+    const int64_t n = b.key.shape(0);
+    GatheredPools g;
+    g.slot_k = HostTensor(KPOOL_DTYPE_BFLOAT16, {n, P, kD});
+    g.slot_score = HostTensor(b.gate_score.dtype(), {n, P, kD});
+    g.loc = HostTensor(KPOOL_DTYPE_INT64, {n});
+    g.write_mask = HostTensor(KPOOL_DTYPE_BOOL, {n});
+    const size_t score_bytes = dtype_size(b.gate_score.dtype());
+    for (int64_t i = 0; i < n; ++i) {
+        for (int j = 0; j < P; ++j) {
+            const int64_t src = std::max<int64_t>(i - P + 1 + j, 0);
+            std::memcpy(g.slot_k.raw() + g.slot_k.offset({i, j, 0}) * 2, b.key.bytes().data() + b.key.offset({src, 0}) * 2,
+                        kD * 2);
+            std::memcpy(g.slot_score.raw() + g.slot_score.offset({i, j, 0}) * score_bytes,
+                        b.gate_score.bytes().data() + b.gate_score.offset({src, 0}) * score_bytes, kD * score_bytes);
+        }
+        const int64_t slot = b.slot_mapping.get_int({i});
+        g.loc.set<int64_t>({i}, slot);
+        g.write_mask.set<uint8_t>({i}, slot >= 0 && i >= P - 1);
+    }
+    return g;
+}
+
 struct SeedInputs {
     HostTensor key, gate_score, tslot;
 };
@@ -227,6 +311,86 @@ inline DecodeInputs make_decode_inputs(std::mt19937 &rng, int64_t B, int64_t N, 
         }
     }
     return in;
+}
+
+// A ragged decode batch (kpool_decode_update_and_maybe_write_cache_ragged):
+// the first counts[r] tokens of each request of a make_decode_inputs batch
+// (0 to N: some requests empty), flat, with query_start_loc, then `trailing`
+// tokens outside every request (an engine's graph padding: their indices
+// must do nothing). Indices of `index_dtype`.
+struct RaggedBatch {
+    HostTensor tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, query_start_loc;
+    int64_t longest = 0;  // the engine's max_query_len
+};
+
+inline RaggedBatch make_ragged_batch(std::mt19937 &rng, int64_t B, int64_t N, int P, int64_t ring,
+                                     int64_t tail_blocks, int64_t cache_slots, kpool_dtype index_dtype,
+                                     int64_t trailing) {
+    const DecodeInputs grid = make_decode_inputs(rng, B, N, P, ring, tail_blocks, cache_slots);
+    std::vector<int64_t> counts(B), offsets{0};
+    for (int64_t b = 0; b < B; ++b) {
+        counts[b] = b % 7 == 5 ? 0 : std::uniform_int_distribution<int64_t>(1, N)(rng);
+        offsets.push_back(offsets.back() + counts[b]);
+    }
+    const int64_t T = offsets.back() + trailing;
+    RaggedBatch r;
+    r.key = HostTensor(KPOOL_DTYPE_BFLOAT16, {T, kD});
+    r.slot_score = HostTensor(KPOOL_DTYPE_BFLOAT16, {T, kD});
+    fill_normal(r.key, rng);
+    fill_normal(r.slot_score, rng, 2.0f);
+    r.ape = grid.ape;
+    for (HostTensor *t : {&r.tail_slot_mapping, &r.slot_mapping, &r.positions}) *t = HostTensor(index_dtype, {T});
+    r.query_start_loc = HostTensor(index_dtype, {B + 1});
+    for (int64_t b = 0; b <= B; ++b) r.query_start_loc.set_int({b}, offsets[b]);
+    for (int64_t b = 0; b < B; ++b) {
+        r.longest = std::max(r.longest, counts[b]);
+        for (int64_t t = 0; t < counts[b]; ++t) {
+            const int64_t flat = offsets[b] + t;
+            std::memcpy(r.key.raw() + r.key.offset({flat, 0}) * 2, grid.key.bytes().data() + grid.key.offset({b, t, 0}) * 2,
+                        kD * 2);
+            std::memcpy(r.slot_score.raw() + r.slot_score.offset({flat, 0}) * 2,
+                        grid.slot_score.bytes().data() + grid.slot_score.offset({b, t, 0}) * 2, kD * 2);
+            r.tail_slot_mapping.set_int({flat}, grid.tail_slot_mapping.get_int({b, t}));
+            r.slot_mapping.set_int({flat}, grid.slot_mapping.get_int({b, t}));
+            r.positions.set_int({flat}, grid.positions.get_int({b, t}));
+        }
+    }
+    // Outside every request: indices that would complete and stash if read.
+    for (int64_t flat = offsets.back(); flat < T; ++flat) {
+        r.positions.set_int({flat}, P - 1);
+        r.tail_slot_mapping.set_int({flat}, 0);
+        r.slot_mapping.set_int({flat}, 0);
+    }
+    return r;
+}
+
+// The engine's sequence before the ragged entry point: the batch scattered
+// into a padded [B, longest] grid (key and score 0, every index -1) for the
+// batched op.
+inline DecodeInputs pad_ragged_batch(const RaggedBatch &r) {
+    const int64_t B = r.query_start_loc.shape(0) - 1, N = r.longest;
+    const kpool_dtype index_dtype = r.positions.dtype();
+    DecodeInputs g;
+    g.key = HostTensor(KPOOL_DTYPE_BFLOAT16, {B, N, kD});
+    g.slot_score = HostTensor(KPOOL_DTYPE_BFLOAT16, {B, N, kD});
+    g.ape = r.ape;
+    for (HostTensor *t : {&g.tail_slot_mapping, &g.slot_mapping, &g.positions}) {
+        *t = HostTensor(index_dtype, {B, N});
+        for (int64_t i = 0; i < B * N; ++i) t->set_int({i / N, i % N}, -1);
+    }
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t first = r.query_start_loc.get_int({b}), count = r.query_start_loc.get_int({b + 1}) - first;
+        for (int64_t t = 0; t < count; ++t) {
+            std::memcpy(g.key.raw() + g.key.offset({b, t, 0}) * 2, r.key.bytes().data() + r.key.offset({first + t, 0}) * 2,
+                        kD * 2);
+            std::memcpy(g.slot_score.raw() + g.slot_score.offset({b, t, 0}) * 2,
+                        r.slot_score.bytes().data() + r.slot_score.offset({first + t, 0}) * 2, kD * 2);
+            g.tail_slot_mapping.set_int({b, t}, r.tail_slot_mapping.get_int({first + t}));
+            g.slot_mapping.set_int({b, t}, r.slot_mapping.get_int({first + t}));
+            g.positions.set_int({b, t}, r.positions.get_int({first + t}));
+        }
+    }
+    return g;
 }
 
 enum class TokenMap { kNone, kPageTable, kOffsets1d, kOffsets2d };

@@ -96,8 +96,8 @@ typedef enum kpool_arithmetic {
 typedef enum kpool_index_arg {
     KPOOL_INDEX_LOC = 0,               /* compress: loc (write-masked-out pools aside) */
     KPOOL_INDEX_TSLOT = 1,             /* seed: tslot */
-    KPOOL_INDEX_SLOT_MAPPING = 2,      /* decode: slot_mapping */
-    KPOOL_INDEX_TAIL_SLOT_MAPPING = 3, /* decode: tail_slot_mapping */
+    KPOOL_INDEX_SLOT_MAPPING = 2,      /* decode, compress_tokens: slot_mapping */
+    KPOOL_INDEX_TAIL_SLOT_MAPPING = 3, /* decode, compress_tokens: tail_slot_mapping */
     KPOOL_INDEX_ARGS = 4
 } kpool_index_arg;
 
@@ -159,6 +159,32 @@ kpool_status_code kpool_compress_and_write_cache(
     int32_t head_dim, int32_t round_scale, int32_t write_cache, const kpool_exec *exec,
     kpool_status *status);
 
+/* 2b. The prefill insert on the tokens as an engine holds them: every pool a
+ *    token completes, compressed from the tokens in place, in one launch.
+ *    key: bf16 [n, 128], gate_score: bf16 or f32 [n, 128] (rows of any
+ *    stride, e.g. column slices of a fused projection); slot_mapping: int32
+ *    or int64 [n], pool-granular: token i >= P-1 with slot_mapping[i] >= 0
+ *    compresses tokens i-P+1 .. i (the rows before it, whatever request
+ *    they belong to: the engine marks only a pool's last token) into cache
+ *    slot slot_mapping[i]; other tokens write nothing. kv_cache and ape as
+ *    in 2. With tail_kv_cache and tail_slot_mapping (both or neither) the
+ *    call also seeds the tail ring from the same tokens, exactly as
+ *    kpool_seed_tail_cache(tail_kv_cache, key, gate_score,
+ *    tail_slot_mapping) would (gate_score then bf16). The same bytes as the
+ *    engine's sequence: write_mask = (slot_mapping >= 0) & (i >= P-1),
+ *    key / gate_score gathered into [n, P, 128] pools, compress, seed.
+ *    With positions ([n], the dtype of slot_mapping and tail_slot_mapping,
+ *    which it needs), a chunk may start inside a pool: token i completes the
+ *    pool of positions p-P+1 .. p (p = positions[i], p % P == P-1,
+ *    slot_mapping[i] >= 0, a tail block), each member from the row holding
+ *    that position in the same tail block, else from the tail ring (an
+ *    earlier chunk's seed), as decode reads it; then the seed. */
+kpool_status_code kpool_compress_tokens_and_write_cache(
+    const kpool_tensor *kv_cache, const kpool_tensor *key, const kpool_tensor *gate_score,
+    const kpool_tensor *ape, const kpool_tensor *slot_mapping, const kpool_tensor *tail_kv_cache,
+    const kpool_tensor *tail_slot_mapping, const kpool_tensor *positions, int32_t pool_size,
+    int32_t head_dim, int32_t round_scale, const kpool_exec *exec, kpool_status *status);
+
 /* 3. Copy each request's last P prefill tokens into its tail ring.
  *    tail_kv_cache: bf16 [num_blocks, 2, RING, 128] with strides
  *    (block, half, 128, 1): half 0 the keys, half 1 the gate scores, RING a
@@ -189,6 +215,29 @@ kpool_status_code kpool_decode_update_and_maybe_write_cache_batched(
     const kpool_tensor *ape, const kpool_tensor *slot_mapping, const kpool_tensor *positions,
     int32_t pool_size, int32_t head_dim, int32_t round_scale, const kpool_exec *exec,
     kpool_status *status);
+
+/* 4b. The same step on the tokens as an engine holds them for a ragged batch
+ *    (plain decode mixed with speculative verify): T tokens flat, request r's
+ *    at query_start_loc[r] .. query_start_loc[r + 1] - 1 in position order,
+ *    one launch, no host synchronization on a device.
+ *    key, slot_score: bf16 [T, 128]; tail_slot_mapping, slot_mapping,
+ *    positions: [T], query_start_loc: [B + 1], all four int32 or int64 of one
+ *    dtype; kv_cache, tail_kv_cache, ape as in 4. Tokens outside every
+ *    request do nothing. max_query_len bounds every request's token count
+ *    (the device kernels run a grid of max_query_len tokens per request);
+ *    0 means T. The bytes of the batched call on the engine's padded
+ *    [B, max] grid (key and score 0, every index -1 past a request's count).
+ *    Host calls reject offsets that decrease, are negative or pass T, and a
+ *    request longer than max_query_len; a device call cannot see them (they
+ *    are in device memory): there an offset outside [0, T] is clamped into
+ *    it, a request whose offsets decrease is empty, and a request runs its
+ *    first max_query_len tokens. */
+kpool_status_code kpool_decode_update_and_maybe_write_cache_ragged(
+    const kpool_tensor *kv_cache, const kpool_tensor *tail_kv_cache,
+    const kpool_tensor *tail_slot_mapping, const kpool_tensor *key, const kpool_tensor *slot_score,
+    const kpool_tensor *ape, const kpool_tensor *slot_mapping, const kpool_tensor *positions,
+    const kpool_tensor *query_start_loc, int32_t max_query_len, int32_t pool_size, int32_t head_dim,
+    int32_t round_scale, const kpool_exec *exec, kpool_status *status);
 
 /* 5. pool_ids: int32/int64 [rows, G]; seq_lens: int32 [rows];
  *    out: int32 [rows, G*P + P-1]. With bound_pool_ids != 0, ids >=

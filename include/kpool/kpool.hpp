@@ -68,6 +68,26 @@ inline void compress_and_write_cache(const std::optional<Tensor> &kv_cache, cons
                   s);
 }
 
+// The prefill insert on the engine's token rows (kpool.h, 2b); `tail`, when
+// given, seeds the tail ring in the same call: {tail_kv_cache,
+// tail_slot_mapping[, positions: members before the chunk from the ring]}.
+struct TailSeed {
+    Tensor tail_kv_cache, tail_slot_mapping;
+    std::optional<Tensor> positions;
+};
+inline void compress_tokens_and_write_cache(const Tensor &kv_cache, const Tensor &key, const Tensor &gate_score,
+                                            const Tensor &ape, const Tensor &slot_mapping, int pool_size,
+                                            const std::optional<TailSeed> &tail = {}, bool round_scale = true,
+                                            Exec exec = {}) {
+    kpool_status s;
+    const kpool_exec e = detail::c_exec(exec);
+    detail::check(kpool_compress_tokens_and_write_cache(
+                      &kv_cache, &key, &gate_score, &ape, &slot_mapping, tail ? &tail->tail_kv_cache : nullptr,
+                      tail ? &tail->tail_slot_mapping : nullptr, tail ? detail::ptr(tail->positions) : nullptr,
+                      pool_size, KPOOL_HEAD_DIM, round_scale, &e, &s),
+                  s);
+}
+
 inline void seed_tail_cache(const Tensor &tail_kv_cache, const Tensor &key, const Tensor &gate_score,
                             const Tensor &tslot, int pool_size, Exec exec = {}) {
     kpool_status s;
@@ -89,6 +109,21 @@ inline int64_t decode_update_and_maybe_write_cache_batched(const Tensor &kv_cach
     return detail::check(kpool_decode_update_and_maybe_write_cache_batched(
                              &kv_cache, &tail_kv_cache, &tail_slot_mapping, &key, &slot_score, &ape,
                              &slot_mapping, &positions, pool_size, KPOOL_HEAD_DIM, round_scale, &e, &s),
+                         s)
+        .skipped_completions;
+}
+
+// The ragged step (kpool.h, 4b); max_query_len 0: bounded by the token count.
+inline int64_t decode_update_and_maybe_write_cache_ragged(
+    const Tensor &kv_cache, const Tensor &tail_kv_cache, const Tensor &tail_slot_mapping, const Tensor &key,
+    const Tensor &slot_score, const Tensor &ape, const Tensor &slot_mapping, const Tensor &positions,
+    const Tensor &query_start_loc, int pool_size, int max_query_len = 0, bool round_scale = true, Exec exec = {}) {
+    kpool_status s;
+    const kpool_exec e = detail::c_exec(exec);
+    return detail::check(kpool_decode_update_and_maybe_write_cache_ragged(
+                             &kv_cache, &tail_kv_cache, &tail_slot_mapping, &key, &slot_score, &ape, &slot_mapping,
+                             &positions, &query_start_loc, max_query_len, pool_size, KPOOL_HEAD_DIM, round_scale,
+                             &e, &s),
                          s)
         .skipped_completions;
 }

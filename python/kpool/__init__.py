@@ -41,6 +41,8 @@ from .ops import (
     history_group_budget_for_topk,
     kpool_compress_and_write_cache,
     kpool_decode_update_and_maybe_write_cache_batched,
+    kpool_decode_update_and_maybe_write_cache_ragged,
+    kpool_compress_tokens_and_write_cache,
     kpool_seed_tail_cache,
 )
 
@@ -55,6 +57,8 @@ __all__ = [
     "history_group_budget_for_topk",
     "kpool_compress_and_write_cache",
     "kpool_decode_update_and_maybe_write_cache_batched",
+    "kpool_decode_update_and_maybe_write_cache_ragged",
+    "kpool_compress_tokens_and_write_cache",
     "kpool_seed_tail_cache",
     "KpoolError",
     "KpoolIndexRangeError",

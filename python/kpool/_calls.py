@@ -75,6 +75,16 @@ def _compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, write_mask
                 pool_size, head_dim, round_scale, write_cache)
 
 
+def _compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mapping, tail_kv_cache, tail_slot_mapping,
+                                     positions, pool_size, head_dim, round_scale):
+    c = Call()
+    return _run("kpool_compress_tokens_and_write_cache", c, c.tensor(kv_cache, "kv_cache", output=True),
+                c.tensor(key, "key", inner=True), c.tensor(gate_score, "gate_score", inner=True),
+                c.tensor(ape, "ape", inner=True), c.tensor(slot_mapping, "slot_mapping"),
+                c.tensor(tail_kv_cache, "tail_kv_cache", output=True), c.tensor(tail_slot_mapping, "tail_slot_mapping"),
+                c.tensor(positions, "positions"), pool_size, head_dim, round_scale)
+
+
 def _seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
     c = Call()
     return _run("kpool_seed_tail_cache", c, c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
@@ -91,6 +101,18 @@ def _decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_s
                 c.tensor(slot_score, "slot_score", inner=True), c.tensor(ape, "ape", inner=True),
                 c.tensor(slot_mapping, "slot_mapping"), c.tensor(positions, "positions"),
                 pool_size, head_dim, round_scale)
+
+
+def _decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
+                                                slot_mapping, positions, query_start_loc, max_query_len, pool_size,
+                                                head_dim, round_scale):
+    c = Call()
+    return _run("kpool_decode_update_and_maybe_write_cache_ragged", c, c.tensor(kv_cache, "kv_cache", output=True),
+                c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
+                c.tensor(tail_slot_mapping, "tail_slot_mapping"), c.tensor(key, "key", inner=True),
+                c.tensor(slot_score, "slot_score", inner=True), c.tensor(ape, "ape", inner=True),
+                c.tensor(slot_mapping, "slot_mapping"), c.tensor(positions, "positions"),
+                c.tensor(query_start_loc, "query_start_loc"), max_query_len, pool_size, head_dim, round_scale)
 
 
 def _expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids):
@@ -117,6 +139,9 @@ def _append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offs
 # call's arguments without its outputs, which it allocates and returns (or
 # NotImplemented where the caller allocates them). The ctypes functions leave
 # that to the caller.
+# The entry points the extension does not carry: torch tensors take them
+# through ctypes too (ctypes_calls).
+CTYPES_ONLY = ("compress_tokens_and_write_cache", "decode_update_and_maybe_write_cache_ragged")
 ALLOCATING = ("fwht128_quant_fp8", "compress_and_write_cache", "expand_pools_and_append_tail",
               "expand_pools_to_tokens", "append_tail_to_topk")
 
@@ -126,6 +151,7 @@ def _caller_allocates(*args):
 
 
 ctypes_calls = types.SimpleNamespace(**{name: globals()["_" + name] for name, _ in ENTRY_POINTS},
+                                     **{name: globals()["_" + name] for name in CTYPES_ONLY},
                                      **{name + "_new": _caller_allocates for name in ALLOCATING})
 
 _lock = threading.Lock()

@@ -43,11 +43,19 @@ SCHEMAS = {
         "(Tensor(a!)? kv_cache, Tensor slot_k, Tensor slot_score, Tensor ape, Tensor loc, Tensor? write_mask, "
         "int pool_size, int head_dim, bool round_scale, bool write_cache) "
         "-> (Tensor compressed_k, Tensor compressed_scale)",
+    "compress_tokens_and_write_cache":
+        "(Tensor(a!) kv_cache, Tensor key, Tensor gate_score, Tensor ape, Tensor slot_mapping, "
+        "Tensor(b!)? tail_kv_cache, Tensor? tail_slot_mapping, Tensor? positions, int pool_size, int head_dim, "
+        "bool round_scale) -> ()",
     "seed_tail_cache":
         "(Tensor(a!) tail_kv_cache, Tensor key, Tensor gate_score, Tensor tslot, int pool_size, int head_dim) -> ()",
     "decode_update_and_maybe_write_cache_batched":
         "(Tensor(a!) kv_cache, Tensor(b!) tail_kv_cache, Tensor tail_slot_mapping, Tensor key, Tensor slot_score, "
         "Tensor ape, Tensor slot_mapping, Tensor positions, int pool_size, int head_dim, bool round_scale) -> ()",
+    "decode_update_and_maybe_write_cache_ragged":
+        "(Tensor(a!) kv_cache, Tensor(b!) tail_kv_cache, Tensor tail_slot_mapping, Tensor key, Tensor slot_score, "
+        "Tensor ape, Tensor slot_mapping, Tensor positions, Tensor query_start_loc, int max_query_len, int pool_size, "
+        "int head_dim, bool round_scale) -> ()",
     "expand_pools_and_append_tail": "(Tensor pool_ids, Tensor seq_lens, int pool_size, bool bound_pool_ids) -> Tensor",
     "expand_pools_to_tokens":
         "(Tensor group_ids, Tensor group_valid, Tensor? page_table, Tensor? topk_offsets, int topk, int pool_size) "
@@ -55,6 +63,18 @@ SCHEMAS = {
     "append_tail_to_topk":
         "(Tensor topk_result, Tensor seq_lens, Tensor pool_lens, Tensor? page_table, Tensor? topk_offsets, "
         "int pool_size) -> Tensor",
+    # The out= forms: the caller's int32 buffer written in place (any
+    # strides), nothing allocated. They return nothing (a custom op that
+    # returned its mutated argument could not be functionalized); the
+    # Python functions return `out`.
+    "expand_pools_and_append_tail.out":
+        "(Tensor pool_ids, Tensor seq_lens, int pool_size, bool bound_pool_ids, Tensor(a!) out) -> ()",
+    "expand_pools_to_tokens.out":
+        "(Tensor group_ids, Tensor group_valid, Tensor? page_table, Tensor? topk_offsets, int topk, int pool_size, "
+        "Tensor(a!) out) -> ()",
+    "append_tail_to_topk.out":
+        "(Tensor topk_result, Tensor seq_lens, Tensor pool_lens, Tensor? page_table, Tensor? topk_offsets, "
+        "int pool_size, Tensor(a!) out) -> ()",
 }
 
 
@@ -138,6 +158,10 @@ def _compress_to_rows_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask,
     return rows
 
 
+def _compress_tokens_kernel(*args):
+    _calls.ctypes_calls.compress_tokens_and_write_cache(*args)
+
+
 def _seed_kernel(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
     _calls.torch_calls().seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)
 
@@ -148,6 +172,15 @@ def _decode_kernel(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, 
     return _calls.torch_calls().decode_update_and_maybe_write_cache_batched(
         kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
         head_dim, round_scale)
+
+
+def _ragged_decode_kernel(*args):
+    """Returns the skipped completions (the op itself returns nothing)."""
+    return _calls.ctypes_calls.decode_update_and_maybe_write_cache_ragged(*args)
+
+
+def _ragged_decode_op_kernel(*args):
+    _ragged_decode_kernel(*args)
 
 
 def _decode_op_kernel(*args):
@@ -181,6 +214,20 @@ def _append_tail_kernel(topk_result, seq_lens, pool_lens, page_table, topk_offse
     return out
 
 
+def _expand_and_append_out_kernel(pool_ids, seq_lens, pool_size, bound_pool_ids, out):
+    _calls.torch_calls().expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids)
+
+
+def _expand_to_tokens_out_kernel(group_ids, group_valid, page_table, topk_offsets, topk, pool_size, out):
+    _calls.torch_calls().expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk,
+                                                pool_size)
+
+
+def _append_tail_out_kernel(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size, out):
+    _calls.torch_calls().append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out,
+                                             pool_size)
+
+
 def _nothing(*args):
     return None
 
@@ -190,14 +237,19 @@ _OPS = {
     "fwht128_quant_fp8": (_fwht_kernel, _fwht_outputs),
     "compress_and_write_cache": (_compress_kernel, _nothing),
     "compress_to_rows": (_compress_to_rows_kernel, lambda kv, slot_k, *rest: _compressed_rows(slot_k)),
+    "compress_tokens_and_write_cache": (_compress_tokens_kernel, _nothing),
     "seed_tail_cache": (_seed_kernel, _nothing),
     "decode_update_and_maybe_write_cache_batched": (_decode_op_kernel, _nothing),
+    "decode_update_and_maybe_write_cache_ragged": (_ragged_decode_op_kernel, _nothing),
     "expand_pools_and_append_tail": (_expand_and_append_kernel,
                                      lambda pool_ids, seq_lens, P, bound: _expand_and_append_out(pool_ids, P)),
     "expand_pools_to_tokens": (_expand_to_tokens_kernel,
                                lambda ids, valid, table, offsets, topk, P: _expand_to_tokens_out(ids, topk)),
     "append_tail_to_topk": (_append_tail_kernel,
                             lambda result, seq, plens, table, offsets, P: _append_tail_out(result, P)),
+    "expand_pools_and_append_tail.out": (_expand_and_append_out_kernel, _nothing),
+    "expand_pools_to_tokens.out": (_expand_to_tokens_out_kernel, _nothing),
+    "append_tail_to_topk.out": (_append_tail_out_kernel, _nothing),
 }
 
 for _name, (_kernel, _fake) in _OPS.items():
@@ -294,6 +346,26 @@ def compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, pool_size, 
     return None
 
 
+def compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mapping, pool_size, head_dim, round_scale,
+                                    tail_kv_cache, tail_slot_mapping, positions):
+    _require_tensors(slot_mapping=slot_mapping)
+    if positions is not None:
+        named = {"slot_mapping": slot_mapping, "tail_slot_mapping": tail_slot_mapping, "positions": positions}
+        wide = any(isinstance(x, Tensor) and x.dtype == I64 for x in named.values())
+        slot_mapping, tail_slot_mapping, positions = (_as_index(x, name, I64 if wide else I32)
+                                                      for name, x in named.items())
+    elif tail_slot_mapping is not None and (type(tail_slot_mapping) is not Tensor
+                                            or tail_slot_mapping.dtype not in (I32, I64)):
+        tail_slot_mapping = _as_index(tail_slot_mapping, "tail_slot_mapping", I32)
+    args = (kv_cache, key, gate_score, ape, _index_ids(slot_mapping, "slot_mapping"), tail_kv_cache,
+            tail_slot_mapping, positions, pool_size, head_dim, bool(round_scale))
+    if _eager(key):
+        _compress_tokens_kernel(*args)
+    else:
+        _require_tensors(kv_cache=kv_cache, gate_score=gate_score, ape=ape, tail_kv_cache=tail_kv_cache)
+        ops.compress_tokens_and_write_cache(*args)
+
+
 def seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
     if type(tslot) is not Tensor or tslot.dtype not in (I32, I64):
         tslot = _as_index(tslot, "tslot", I32)
@@ -323,31 +395,85 @@ def decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_sl
     return None
 
 
-def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets):
+def _require_out(out):
+    if not isinstance(out, Tensor):
+        raise _not_a_tensor(out, "out")
+
+
+def decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
+                                               slot_mapping, positions, query_start_loc, pool_size, head_dim,
+                                               round_scale, max_query_len, return_skipped):
+    named = {"tail_slot_mapping": tail_slot_mapping, "slot_mapping": slot_mapping, "positions": positions,
+             "query_start_loc": query_start_loc}
+    if not (all(type(x) is Tensor for x in named.values()) and len({x.dtype for x in named.values()}) == 1
+            and positions.dtype in (I32, I64)):
+        wide = any(isinstance(x, Tensor) and x.dtype == I64 for x in named.values())
+        tail_slot_mapping, slot_mapping, positions, query_start_loc = (
+            _as_index(x, name, I64 if wide else I32) for name, x in named.items())
+    if max_query_len is None:
+        max_query_len = 0
+    elif isinstance(max_query_len, bool) or not isinstance(max_query_len, int) or max_query_len < 1:
+        raise KpoolValueError(f"max_query_len = {max_query_len!r}: expected a positive int (or None)")
+    args = (kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, query_start_loc,
+            max_query_len, pool_size, head_dim, bool(round_scale))
+    if _eager(key):
+        skipped = _ragged_decode_kernel(*args)
+        return skipped if return_skipped else None
+    if return_skipped:
+        raise KpoolValueError("return_skipped=True is for eager calls: the count is a host value, which a traced "
+                              "graph cannot return")
+    _require_tensors(kv_cache=kv_cache, tail_kv_cache=tail_kv_cache, slot_score=slot_score, ape=ape)
+    ops.decode_update_and_maybe_write_cache_ragged(*args)
+    return None
+
+
+def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets, out=None):
     args = (_index_ids(group_ids, "group_ids"), group_valid, _integer(page_table, "page_table", I32),
             _integer(topk_offsets, "topk_offsets", I64), topk, pool_size)
+    if out is not None:
+        _require_out(out)
+        if _eager(group_ids):
+            _expand_to_tokens_out_kernel(*args, out)
+        else:
+            _require_tensors(group_valid=group_valid)
+            ops.expand_pools_to_tokens.out(*args, out)
+        return out
     if _eager(group_ids):
         return _expand_to_tokens_kernel(*args)
     _require_tensors(group_valid=group_valid)
     return ops.expand_pools_to_tokens(*args)
 
 
-def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets):
+def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets, out=None):
     if topk_result.dtype != I32:
         raise KpoolTypeError(f"topk_result has dtype {str(topk_result.dtype).replace('torch.', '')}, expected int32")
     _require_dims(seq_lens, "seq_lens", 1, "[rows]")
     _require_dims(pool_lens, "pool_lens", 1, "[rows]")
-    if pool_size == 1:
+    if pool_size == 1 and out is None:
         return topk_result  # no tail; the reference returns its input too
     args = (topk_result, _integer(seq_lens, "seq_lens", I32), _integer(pool_lens, "pool_lens", I32),
             _integer(page_table, "page_table", I32), _integer(topk_offsets, "topk_offsets", I64), pool_size)
+    if out is not None:
+        _require_out(out)
+        if _eager(topk_result):
+            _append_tail_out_kernel(*args, out)
+        else:
+            ops.append_tail_to_topk.out(*args, out)
+        return out
     if _eager(topk_result):
         return _append_tail_kernel(*args)
     return ops.append_tail_to_topk(*args)
 
 
-def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids):
+def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids, out=None):
     args = (_index_ids(pool_ids, "pool_ids"), _integer(seq_lens, "seq_lens", I32), pool_size, bool(bound_pool_ids))
+    if out is not None:
+        _require_out(out)
+        if _eager(pool_ids):
+            _expand_and_append_out_kernel(*args, out)
+        else:
+            ops.expand_pools_and_append_tail.out(*args, out)
+        return out
     if _eager(pool_ids):
         return _expand_and_append_kernel(*args)
     return ops.expand_pools_and_append_tail(*args)

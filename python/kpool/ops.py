@@ -77,15 +77,37 @@ def _converted(x, name, code, *, integer=True):
 
 
 def _decode_indices(tail_slot_mapping, slot_mapping, positions):
-    """The decode kernels take their three index tensors in one dtype, int32
-    or int64: other integer dtypes and mixes are converted (int64 where one
-    of them is int64, else int32), keeping the values."""
-    named = {"tail_slot_mapping": tail_slot_mapping, "slot_mapping": slot_mapping, "positions": positions}
-    codes = [kpool_dtype(x, name) if is_array(x) else None for name, x in named.items()]
-    if codes[0] in (KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64) and codes.count(codes[0]) == 3:
-        return tail_slot_mapping, slot_mapping, positions
+    return _same_index_dtype(("tail_slot_mapping", tail_slot_mapping), ("slot_mapping", slot_mapping),
+                             ("positions", positions))
+
+
+def _same_index_dtype(*named):
+    """Index tensors a kernel takes in one dtype, int32 or int64 (decode's,
+    the ragged decode's, the prefill insert's with positions): other integer
+    dtypes and mixes are converted (int64 where one of them is int64, else
+    int32), keeping the values."""
+    codes = [kpool_dtype(x, name) if is_array(x) else None for name, x in named]
+    if codes[0] in (KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64) and codes.count(codes[0]) == len(codes):
+        return tuple(x for _, x in named)
     code = KPOOL_DTYPE_INT64 if KPOOL_DTYPE_INT64 in codes else KPOOL_DTYPE_INT32
-    return tuple(_index(x, name, code) for name, x in named.items())
+    return tuple(_index(x, name, code) for name, x in named)
+
+
+def _flag(v, name):
+    """A bool parameter; an array there is an output passed by position."""
+    if is_array(v):
+        raise KpoolTypeError(f"{name} is a {type(v).__name__}: pass the output buffer as out=... (keyword only)")
+    return v
+
+
+def _output(out, like, shape):
+    """The caller's ``out`` (checked by the C entry point: int32, ``shape``,
+    any strides), or a new int32 array of that shape."""
+    if out is None:
+        return empty(like, shape, KPOOL_DTYPE_INT32)
+    if not is_array(out):
+        raise KpoolTypeError(f"out is a {type(out).__name__}, expected a torch.Tensor or a numpy.ndarray")
+    return out
 
 
 def _index(x, name, code):
@@ -164,6 +186,56 @@ def kpool_compress_and_write_cache(
     return None
 
 
+# --- 2b. the prefill insert on the engine's tokens ------------------------------------
+def kpool_compress_tokens_and_write_cache(
+    kv_cache: Array,
+    key: Array,
+    gate_score: Array,
+    ape: Array,
+    slot_mapping: Array,
+    pool_size: int,
+    head_dim: int = INDEX_HEAD_DIM,
+    round_scale: bool = True,
+    tail_kv_cache: Optional[Array] = None,
+    tail_slot_mapping: Optional[Array] = None,
+    positions: Optional[Array] = None,
+) -> None:
+    """The prefill insert as an engine holds its tokens, in one call: every
+    pool a token completes, compressed from ``key`` / ``gate_score``
+    ``[n, 128]`` read in place (rows of any stride), into ``kv_cache``.
+
+    ``slot_mapping`` int32 or int64 ``[n]`` is pool-granular: token
+    ``i >= pool_size - 1`` with ``slot_mapping[i] >= 0`` compresses tokens
+    ``i - pool_size + 1 .. i`` into that slot, the others write nothing.
+    With ``tail_kv_cache`` and ``tail_slot_mapping`` the same call seeds the
+    tail ring exactly as ``kpool_seed_tail_cache(tail_kv_cache, key,
+    gate_score, tail_slot_mapping, pool_size)``. The bytes are the engine's
+    sequence's: ``write_mask = (slot_mapping >= 0) & (i >= P-1)``, the
+    gathered ``[n, P, 128]`` pools, ``kpool_compress_and_write_cache`` and
+    ``kpool_seed_tail_cache``.
+
+    With ``positions`` ``[n]`` (and the tail arguments) a chunk may start
+    inside a pool: token ``i`` completes the pool of positions
+    ``p-P+1 .. p`` (``p = positions[i]``, ``p % P == P-1``), each member
+    from the row that holds its position in the same tail block, else from
+    the tail ring (an earlier chunk's seed), as decode reads it. Returns None.
+    """
+    if isinstance(key, _TORCH_TENSOR):
+        return _torch_ops.compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mapping, pool_size,
+                                                          head_dim, round_scale, tail_kv_cache, tail_slot_mapping,
+                                                          positions)
+    if positions is not None:
+        slot_mapping, tail_slot_mapping, positions = _same_index_dtype(
+            ("slot_mapping", slot_mapping), ("tail_slot_mapping", tail_slot_mapping), ("positions", positions))
+    elif tail_slot_mapping is not None and kpool_dtype(tail_slot_mapping, "tail_slot_mapping") not in (
+            KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64):
+        tail_slot_mapping = _converted(tail_slot_mapping, "tail_slot_mapping", KPOOL_DTYPE_INT32)
+    _c.compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, _index_ids(slot_mapping, "slot_mapping"),
+                                       tail_kv_cache, tail_slot_mapping, positions, _i32(pool_size, "pool_size"),
+                                       _i32(head_dim, "head_dim"), int(bool(round_scale)))
+    return None
+
+
 # --- 3. seed the tail rings ----------------------------------------------------------
 def kpool_seed_tail_cache(tail_kv_cache: Array, key: Array, gate_score: Array, tslot: Array, kpool: int,
                           head_dim: int = INDEX_HEAD_DIM) -> None:
@@ -227,6 +299,57 @@ def kpool_decode_update_and_maybe_write_cache_batched(
     return skipped if return_skipped else None
 
 
+def kpool_decode_update_and_maybe_write_cache_ragged(
+    kv_cache: Array,
+    tail_kv_cache: Array,
+    tail_slot_mapping: Array,
+    key: Array,
+    slot_score: Array,
+    ape: Array,
+    slot_mapping: Array,
+    positions: Array,
+    query_start_loc: Array,
+    pool_size: int,
+    head_dim: int = INDEX_HEAD_DIM,
+    round_scale: bool = True,
+    *,
+    max_query_len: Optional[int] = None,
+    return_skipped: bool = False,
+) -> Optional[int]:
+    """One decode step on the tokens as a ragged batch holds them (plain
+    decode mixed with speculative verify), in one launch with no host
+    synchronization: ``T`` tokens flat, request ``r``'s at
+    ``query_start_loc[r] .. query_start_loc[r+1]`` in position order.
+
+    bf16 ``[T, 128]`` key / slot_score; ``[T]`` tail_slot_mapping /
+    slot_mapping / positions and ``[B + 1]`` query_start_loc, int32 or int64
+    (other integer dtypes and mixes converted, keeping the values). The
+    same bytes as the batched op on the engine's padded ``[B, max]`` grid.
+    ``max_query_len`` (the engine's, a host int) bounds every request's
+    tokens: device calls run a grid of that many tokens per request, so
+    pass it (``None``: ``T``, always safe, slower). Host calls reject
+    offsets out of order or past ``T`` and requests longer than the bound.
+    """
+    if isinstance(key, _TORCH_TENSOR):
+        return _torch_ops.decode_update_and_maybe_write_cache_ragged(
+            kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
+            query_start_loc, pool_size, head_dim, round_scale, max_query_len, return_skipped)
+    tail_slot_mapping, slot_mapping, positions, query_start_loc = _same_index_dtype(
+        ("tail_slot_mapping", tail_slot_mapping), ("slot_mapping", slot_mapping), ("positions", positions),
+        ("query_start_loc", query_start_loc))
+    skipped = _c.decode_update_and_maybe_write_cache_ragged(
+        kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, query_start_loc,
+        _max_query_len(max_query_len), _i32(pool_size, "pool_size"), _i32(head_dim, "head_dim"),
+        int(bool(round_scale)))
+    return skipped if return_skipped else None
+
+
+def _max_query_len(v):
+    return 0 if v is None else as_int(v, "max_query_len", 1, INT32_MAX)
+
+
+
+
 # --- 5. pool-level top-k helpers --------------------------------------------------------
 def history_group_budget_for_topk(topk: int, pool_size: int) -> int:
     """How many pools to select so that expanding them yields ``topk`` tokens
@@ -255,26 +378,31 @@ def _index_ids(ids, name):
 
 
 def expand_pools_to_tokens(group_ids: Array, group_valid: Array, topk: int, pool_size: int,
-                           page_table: Optional[Array] = None, topk_offsets: Optional[Array] = None) -> Array:
+                           page_table: Optional[Array] = None, topk_offsets: Optional[Array] = None, *,
+                           out: Optional[Array] = None) -> Array:
     """Expand selected pool ids ``[rows, topk / P]`` to token ids
     ``[rows, topk]`` int32 (pool ``g`` -> tokens ``g*P .. g*P+P-1``), -1 where
     ``group_valid`` is false; optionally through ``page_table [R >= rows, W]``
     (gather, index clamped to ``[0, W-1]``) or plus per-row ``topk_offsets``
-    (``[rows]`` or ``[rows, 1]``), not both."""
+    (``[rows]`` or ``[rows, 1]``), not both. With ``out`` (int32
+    ``[rows, topk]``, any strides, e.g. rows of a wider buffer) the ids are
+    written there and ``out`` is returned."""
     if isinstance(group_ids, _TORCH_TENSOR):
-        return _torch_ops.expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets)
+        return _torch_ops.expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets,
+                                                 out)
     rows = require_ndim(group_ids, "group_ids", (2,), "[rows, topk / pool_size]")[0]
     topk = _i32(topk, "topk")
     pool_size = _i32(pool_size, "pool_size")
     group_ids = _index_ids(group_ids, "group_ids")
     page_table, topk_offsets = _token_map(page_table, topk_offsets)
-    out = empty(group_ids, (rows, max(topk, 0)), KPOOL_DTYPE_INT32)
+    out = _output(out, group_ids, (rows, max(topk, 0)))
     _c.expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size)
     return out
 
 
 def append_tail_to_topk(topk_result: Array, seq_lens: Array, pool_lens: Array, pool_size: int,
-                        page_table: Optional[Array] = None, topk_offsets: Optional[Array] = None) -> Array:
+                        page_table: Optional[Array] = None, topk_offsets: Optional[Array] = None, *,
+                        out: Optional[Array] = None) -> Array:
     """Append each row's incomplete trailing pool (tokens
     ``[pool_len * P, seq_len)``, then -1) after its ``topk_result [rows, C]``
     int32 history: returns ``[rows, C + P - 1]`` int32. Tail token ids go
@@ -282,28 +410,31 @@ def append_tail_to_topk(topk_result: Array, seq_lens: Array, pool_lens: Array, p
     ``[rows, 1]``; the reference mis-broadcasts the latter), not both.
 
     With ``pool_size == 1`` there is no tail and ``topk_result`` itself is
-    returned, as in the reference.
+    returned, as in the reference (with ``out``, copied into ``out``). With
+    ``out`` (int32 ``[rows, C + P - 1]``, any strides) the result is written
+    there and ``out`` is returned.
     """
     if isinstance(topk_result, _TORCH_TENSOR):
-        return _torch_ops.append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets)
+        return _torch_ops.append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets,
+                                              out)
     if kpool_dtype(topk_result, "topk_result") != KPOOL_DTYPE_INT32:
         raise KpoolTypeError(f"topk_result has dtype {dtype_label(topk_result)}, expected int32")
     require_ndim(seq_lens, "seq_lens", (1,), "[rows]")
     require_ndim(pool_lens, "pool_lens", (1,), "[rows]")
     pool_size = _i32(pool_size, "pool_size")
-    if pool_size == 1:
+    if pool_size == 1 and out is None:
         return topk_result
     rows, cols = require_ndim(topk_result, "topk_result", (2,), "[rows, cols]")
     seq_lens = _converted(seq_lens, "seq_lens", KPOOL_DTYPE_INT32)
     pool_lens = _converted(pool_lens, "pool_lens", KPOOL_DTYPE_INT32)
     page_table, topk_offsets = _token_map(page_table, topk_offsets)
-    out = empty(topk_result, (rows, max(cols + pool_size - 1, 0)), KPOOL_DTYPE_INT32)
+    out = _output(out, topk_result, (rows, max(cols + pool_size - 1, 0)))
     _c.append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size)
     return out
 
 
 def expand_pools_and_append_tail(pool_ids: Array, seq_lens: Array, pool_size: int,
-                                 bound_pool_ids: bool = False) -> Array:
+                                 bound_pool_ids: bool = False, *, out: Optional[Array] = None) -> Array:
     """``expand_pools_to_tokens`` + ``append_tail_to_topk`` on the identity
     path in one kernel: ``pool_ids [rows, G]`` (negative = none) and
     ``seq_lens [rows]`` -> int32 ``[rows, G*P + P-1]``, the trailing pool
@@ -311,14 +442,19 @@ def expand_pools_and_append_tail(pool_ids: Array, seq_lens: Array, pool_size: in
 
     ``bound_pool_ids=True`` also treats ids ``>= seq_len // P`` as -1 (off by
     default, for parity with the reference, which trusts them).
+
+    With ``out`` (int32 ``[rows, G*P + P-1]``, any strides: e.g.
+    ``topk_buffer[:rows]`` of a wider preallocated buffer) the ids are
+    written there, with no other allocation or copy, and ``out`` is returned.
     """
+    _flag(bound_pool_ids, "bound_pool_ids")
     if isinstance(pool_ids, _TORCH_TENSOR):
-        return _torch_ops.expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids)
+        return _torch_ops.expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids, out)
     rows, groups = require_ndim(pool_ids, "pool_ids", (2,), "[rows, n_groups]")
     pool_size = _i32(pool_size, "pool_size")
     pool_ids = _index_ids(pool_ids, "pool_ids")
     seq_lens = _converted(seq_lens, "seq_lens", KPOOL_DTYPE_INT32)
-    out = empty(pool_ids, (rows, max(groups * pool_size + pool_size - 1, 0)), KPOOL_DTYPE_INT32)
+    out = _output(out, pool_ids, (rows, max(groups * pool_size + pool_size - 1, 0)))
     _c.expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, int(bool(bound_pool_ids)))
     return out
 
@@ -327,8 +463,10 @@ __all__ = [
     "INDEX_HEAD_DIM",
     "fwht128_quant_fp8",
     "kpool_compress_and_write_cache",
+    "kpool_compress_tokens_and_write_cache",
     "kpool_seed_tail_cache",
     "kpool_decode_update_and_maybe_write_cache_batched",
+    "kpool_decode_update_and_maybe_write_cache_ragged",
     "history_group_budget_for_topk",
     "expand_pools_to_tokens",
     "append_tail_to_topk",

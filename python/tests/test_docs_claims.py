@@ -63,8 +63,8 @@ def test_readme_ops_are_the_c_api():
     named = set(re.findall(r"^\| `(kpool_[a-z0-9_]+)`(?:, `(kpool_[a-z0-9_]+)`)?", README, re.M))
     ops = {n for pair in named for n in pair if n}
     declared = set(re.findall(r"kpool_status_code (kpool_[a-z0-9_]+)\(", HEADER))
-    assert len(ops) == 8
-    assert ops <= declared
+    # Every op of kpool.h is in README's tables; the device utilities are not ops.
+    assert ops == declared - {"kpool_cuda_warm_up", "kpool_cuda_loaded_images", "kpool_check_index_errors"}
     assert {n.removeprefix("kpool_") for n in ops} <= {n.removeprefix("kpool_") for n in kpool.__all__}
 
 

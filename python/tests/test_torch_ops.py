@@ -32,13 +32,17 @@ except OSError as e:
     pytest.skip(f"libkpool.so does not load: {e}", allow_module_level=True)
 
 D, P, PAGE = 128, 4, 64
-OPS = ("fwht128_quant_fp8", "compress_and_write_cache", "compress_to_rows", "seed_tail_cache",
-       "decode_update_and_maybe_write_cache_batched", "expand_pools_and_append_tail", "expand_pools_to_tokens",
-       "append_tail_to_topk")
+OPS = ("fwht128_quant_fp8", "compress_and_write_cache", "compress_to_rows", "compress_tokens_and_write_cache",
+       "seed_tail_cache", "decode_update_and_maybe_write_cache_batched", "decode_update_and_maybe_write_cache_ragged",
+       "expand_pools_and_append_tail", "expand_pools_to_tokens", "append_tail_to_topk")
+# The out= forms (overload "out" of their op): the caller's buffer written in place.
+OUT_OPS = ("expand_pools_and_append_tail", "expand_pools_to_tokens", "append_tail_to_topk")
 # What each op writes in place (its schema's Tensor(a!) arguments).
 MUTATED = {"compress_and_write_cache": ["kv_cache"], "compress_to_rows": ["kv_cache"],
+           "compress_tokens_and_write_cache": ["kv_cache", "tail_kv_cache"],
            "seed_tail_cache": ["tail_kv_cache"],
-           "decode_update_and_maybe_write_cache_batched": ["kv_cache", "tail_kv_cache"]}
+           "decode_update_and_maybe_write_cache_batched": ["kv_cache", "tail_kv_cache"],
+           "decode_update_and_maybe_write_cache_ragged": ["kv_cache", "tail_kv_cache"]}
 
 
 def _bf16(g, *shape, scale=1.0):
@@ -72,6 +76,17 @@ def _state(seed=0, device="cpu"):
         pool_ids=torch.tensor([[0, 2, -1], [1, 0, 3]], dtype=torch.int32),
         seq_lens=torch.tensor([13, 17], dtype=torch.int32),
         page_table=torch.randint(0, 1 << 20, (2, 64), generator=g, dtype=torch.int32),
+        # The prefill's tokens as the engine holds them: a slot on each pool's
+        # last token (positions 3 and 7 of request 0, 3 of request 1).
+        token_slots=torch.tensor([-1, -1, -1, 5, -1, -1, -1, 21] + [-1] * 5 + [33, -1, -1], dtype=torch.int32),
+        # A ragged decode step: request 0 at positions 10 and 11 (completing a
+        # pool), request 1 at 6, then a graph-padding token.
+        ragged_key=_bf16(g, 4, D), ragged_score=_bf16(g, 4, D),
+        ragged_positions=torch.tensor([10, 11, 6, -1], dtype=torch.int32),
+        ragged_tail_slots=torch.tensor([ring + 10 % ring, ring + 11 % ring, 3 * ring + 6 % ring, -1],
+                                       dtype=torch.int32),
+        ragged_slots=torch.tensor([-1, 12, -1, -1], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 2, 3], dtype=torch.int32),
     )
 
 
@@ -82,10 +97,15 @@ def _op_args(s):
         "compress_and_write_cache": (s["kv_cache"], s["slot_k"], s["slot_score"], s["ape"], s["loc"],
                                      s["write_mask"], P, D, True, True),
         "compress_to_rows": (s["kv_cache"], s["slot_k"], s["slot_score"], s["ape"], s["loc"], None, P, D, True, True),
+        "compress_tokens_and_write_cache": (s["kv_cache"], s["key"], s["gate_score"], s["ape"], s["token_slots"],
+                                            s["tail_kv_cache"], s["tslot"], None, P, D, True),
         "seed_tail_cache": (s["tail_kv_cache"], s["key"], s["gate_score"], s["tslot"], P, D),
         "decode_update_and_maybe_write_cache_batched": (
             s["kv_cache"], s["tail_kv_cache"], s["tail_slot_mapping"], s["step_key"], s["step_score"], s["ape"],
             s["slot_mapping"], s["positions"], P, D, True),
+        "decode_update_and_maybe_write_cache_ragged": (
+            s["kv_cache"], s["tail_kv_cache"], s["ragged_tail_slots"], s["ragged_key"], s["ragged_score"], s["ape"],
+            s["ragged_slots"], s["ragged_positions"], s["query_start_loc"], 2, P, D, True),
         "expand_pools_and_append_tail": (s["pool_ids"], s["seq_lens"], P, False),
         "expand_pools_to_tokens": (s["pool_ids"], s["pool_ids"] >= 0, s["page_table"], None, 12, P),
         "append_tail_to_topk": (s["pool_ids"], s["seq_lens"], s["seq_lens"] // P, None,
@@ -100,9 +120,25 @@ def test_every_op_is_registered_with_its_mutations():
         assert mutated == MUTATED.get(name, []), (name, str(schema))
 
 
+@pytest.mark.parametrize("name", OUT_OPS)
+def test_out_overloads_mutate_only_out(name):
+    schema = getattr(torch.ops.kpool, name).out._schema
+    mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    assert mutated == ["out"] and len(schema.returns) == 0, str(schema)
+
+
 @pytest.mark.parametrize("name", OPS)
 def test_opcheck(name):
     torch.library.opcheck(getattr(torch.ops.kpool, name).default, _op_args(_state())[name])
+
+
+@pytest.mark.parametrize("name", OUT_OPS)
+def test_opcheck_out(name):
+    s = _state()
+    args = _op_args(s)[name]
+    out = getattr(torch.ops.kpool, name)(*args)
+    buffer = torch.full((out.shape[0] + 3, out.shape[1] + 5), -9, dtype=torch.int32)
+    torch.library.opcheck(getattr(torch.ops.kpool, name).out, (*args, buffer[1:-2, 2:-3]))
 
 
 def test_fake_outputs_have_the_reference_shapes_dtypes_and_devices():
@@ -138,11 +174,20 @@ def _all_ops(s, lib=kpool):
     lib.kpool_decode_update_and_maybe_write_cache_batched(
         s["kv_cache"], s["tail_kv_cache"], s["tail_slot_mapping"], s["step_key"], s["step_score"], s["ape"],
         s["slot_mapping"], s["positions"], P)
+    if lib is kpool:  # the entry points of the engine's own layouts (the reference has none)
+        lib.kpool_compress_tokens_and_write_cache(s["kv_cache"], s["key"], s["gate_score"], s["ape"],
+                                                  s["token_slots"], P, tail_kv_cache=s["tail_kv_cache"],
+                                                  tail_slot_mapping=s["tslot"])
+        lib.kpool_decode_update_and_maybe_write_cache_ragged(
+            s["kv_cache"], s["tail_kv_cache"], s["ragged_tail_slots"], s["ragged_key"], s["ragged_score"], s["ape"],
+            s["ragged_slots"], s["ragged_positions"], s["query_start_loc"], P, max_query_len=2)
     ids = lib.expand_pools_and_append_tail(s["pool_ids"].long(), s["seq_lens"], P)
     tokens = lib.expand_pools_to_tokens(s["pool_ids"], s["pool_ids"] >= 0, 12, P, page_table=s["page_table"])
     topk = lib.append_tail_to_topk(tokens, s["seq_lens"].long(), s["seq_lens"] // P, P,
                                    topk_offsets=torch.tensor([0, 100], device=s["q"].device))
-    return dict(q8=q8.view(torch.uint8), qs=qs * 1, ck=ck, cs=cs, ids=ids + 1, topk=topk)
+    selected = torch.full((4, ids.shape[1] + 2), -5, dtype=torch.int32, device=s["q"].device)
+    lib.expand_pools_and_append_tail(s["pool_ids"], s["seq_lens"], P, out=selected[1:3, 1:-1])
+    return dict(q8=q8.view(torch.uint8), qs=qs * 1, ck=ck, cs=cs, ids=ids + 1, topk=topk, selected=selected)
 
 
 def _bytes_equal(a, b):

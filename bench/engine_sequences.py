@@ -1,0 +1,177 @@
+"""The engine's own call sequences (group "engine" of bench/bench_gpu.py):
+what vLLM's sparse indexer runs around the drop-in ops today, glue included,
+against kpool's one-call entry points that take what the engine holds.
+
+Each sequence is captured in one CUDA graph and timed in replay, in the same
+run: the engine's sequence with the reference's ops, the same sequence with
+kpool's drop-in ops, and kpool's one call. Their bytes are compared once
+(the reference's against the one call), and each is set against the copy
+time of the work's minimal bytes (each token's key and score read once, the
+pool rows and tail rows written).
+
+- prefill insert: the cache's slot_mapping is pool-granular (a slot only on a
+  pool's last token); the engine makes every token a row, gathers its pool
+  (`k[idx]`, `gate[idx]`, idx = i-P+1 .. i clamped at 0) into [n, P, 128],
+  masks the rows without a slot, converts the slots to int64, compresses over
+  the n rows and seeds the tail over the n tokens. kpool:
+  `kpool_compress_tokens_and_write_cache(..., tail_kv_cache=, tail_slot_mapping=)`.
+- selection with out=: the engine writes the ids into rows of a preallocated
+  int32 topk buffer; the reference returns a new tensor, which the engine
+  copies in. kpool: `expand_pools_and_append_tail(..., out=topk_buffer[:rows])`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import workloads as kt
+
+PREFILL_TOKENS = (2048, 16384)
+SELECTION_ROWS = (64, 4096)
+REQUEST_TOKENS = 2048  # a prefill batch: requests of this many tokens back to back
+
+
+def prefill_batch(gen: kt.Gen, n: int, P: int):
+    """n tokens of n / REQUEST_TOKENS requests, each a chunk from position 0,
+    their key and score column slices of a fused projection (rows 320
+    elements apart), int32 slot_mapping with a slot on each pool's last token
+    (one pool in 8 prefix-cached: -1), tail slots block * RING + pos % RING."""
+    torch = gen.torch
+    requests = max(1, n // REQUEST_TOKENS)
+    lens = [n // requests] * requests
+    lens[-1] += n - sum(lens)
+    pools = sum(length // P for length in lens)
+    nb = max(2, 2 * -(-pools // kt.PAGE))
+    free = iter(gen.perm(nb * kt.PAGE))
+    slots = []
+    for length in lens:
+        slots += [(next(free) if (p // P) % 8 != 7 else -1) if p % P == P - 1 else -1 for p in range(length)]
+    ring = P
+    blocks = gen.perm(2 * requests + 8)[:requests]
+    ts = kt.tail_slots(lens, [0] * requests, blocks, ring)
+    fused = gen.randn((n, 320))
+    tail_base, tail = kt.make_tail(gen, 2 * requests + 8, ring)
+    return dict(key=fused[:, :kt.D], gate=fused[:, kt.D:2 * kt.D], ape=gen.randn((P, kt.D), 0.5, torch.float32),
+                slot_mapping=gen.i32(slots), tail_slot_mapping=gen.i32(ts),
+                kv_cache=gen.cache_bytes((nb, kt.PAGE, kt.ROW)), tail_base=tail_base, tail=tail,
+                written=sum(s >= 0 for s in slots), seeded=len(kt.seeded_tokens(ts, P, ring)))
+
+
+def prefill_min_bytes(n, b):
+    """Each token's key and score read once, the pool rows and seeded tail rows written."""
+    return n * 2 * kt.VEC + b["written"] * kt.ROW + b["seeded"] * 2 * kt.VEC
+
+
+def engine_prefill_insert(lib, b, P, kv_cache, tail):
+    """The engine's sequence today: every token a row, its pool gathered."""
+    torch = sys.modules["torch"]
+    n = b["key"].shape[0]
+    i = torch.arange(n, device=b["key"].device)
+    slots = b["slot_mapping"]
+    write_mask = (slots >= 0) & (i >= P - 1)
+    idx = (i[:, None] - (P - 1) + torch.arange(P, device=i.device)).clamp_(min=0)
+    lib.kpool_compress_and_write_cache(kv_cache, b["key"][idx], b["gate"][idx], b["ape"], slots.to(torch.int64), P,
+                                       kt.D, write_mask=write_mask)
+    lib.kpool_seed_tail_cache(tail, b["key"], b["gate"], b["tail_slot_mapping"], P, kt.D)
+
+
+def kpool_prefill_insert(kpool, b, P, kv_cache, tail):
+    kpool.kpool_compress_tokens_and_write_cache(kv_cache, b["key"], b["gate"], b["ape"], b["slot_mapping"], P,
+                                                tail_kv_cache=tail, tail_slot_mapping=b["tail_slot_mapping"])
+
+
+def engine_selection(lib, e, P, buffer):
+    rows = e["pool_ids"].shape[0]
+    buffer[:rows].copy_(lib.expand_pools_and_append_tail(e["pool_ids"], e["seq_lens"], P))
+
+
+def kpool_selection(kpool, e, P, buffer):
+    rows = e["pool_ids"].shape[0]
+    kpool.expand_pools_and_append_tail(e["pool_ids"], e["seq_lens"], P, out=buffer[:rows])
+
+
+def selection_kernels(torch, fn):
+    """The CUDA kernels one call launches, by the profiler (and whether any
+    allocation was recorded)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], profile_memory=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return names
+
+
+def run(torch, tt, gen, kpool, ref, roof, quick, time_graph):
+    """Times each sequence three ways in graph replay; rows for the JSON."""
+    print("\nengine sequences (one CUDA graph each, replay µs; min = the work's minimal bytes at copy bandwidth)")
+    print(f"{'sequence':<18} {'params':<22} {'engine+ref':>10} {'engine+ours':>11} {'ours 1 call':>11} "
+          f"{'min':>7} {'x ref':>7} {'%copy':>6}  exact")
+    rows = []
+    for n in PREFILL_TOKENS[:1] if quick else PREFILL_TOKENS:
+        for P in kt.POOLS:
+            b = prefill_batch(gen, n, P)
+            calls = dict(ref=lambda kv, tail: engine_prefill_insert(ref, b, P, kv, tail),
+                         ours_seq=lambda kv, tail: engine_prefill_insert(kpool, b, P, kv, tail),
+                         ours=lambda kv, tail: kpool_prefill_insert(kpool, b, P, kv, tail))
+            row = dict(sequence="prefill insert", params=dict(tokens=n, pool=P), min_bytes=prefill_min_bytes(n, b))
+            exact = {}
+            for who, call in calls.items():
+                # Once on fresh copies (the bytes compared), then timed.
+                kv, tail_base = b["kv_cache"].clone(), b["tail_base"].clone()
+                tail = tail_base.as_strided(b["tail"].shape, b["tail"].stride())
+                try:
+                    call(kv, tail)
+                    exact[who] = (kv, tail_base)
+                except Exception as e:  # report, keep going
+                    row[f"{who}_error"] = f"{type(e).__name__}: {e}"
+                    continue
+                row[f"{who}_us"], err = time_graph(torch, tt, lambda call=call, kv=kv, tail=tail: call(kv, tail))
+                if err:
+                    row[f"{who}_graph_error"] = err
+            if "ref" in exact and "ours" in exact:
+                cmp = kt.compare_caches(exact["ours"][0], exact["ref"][0])
+                same_tail = bool(torch.equal(exact["ours"][1], exact["ref"][1]))
+                row["exact"] = ("exact" if cmp["bytes"] == 0 and same_tail else
+                                f"cache bytes differ: {cmp['bytes']} ({len(cmp['boundary'])} boundary slots); "
+                                f"tail {'same' if same_tail else 'differs'}")
+            rows.append(finish(row, roof))
+            del b, calls, exact
+    for rows_n in SELECTION_ROWS[:1] if quick else SELECTION_ROWS:
+        for P in kt.POOLS:
+            e = kt.expand_inputs(gen, rows_n, P)
+            cols = e["pool_ids"].shape[1] * P + P - 1
+            buffers = {who: torch.full((rows_n + 64, cols + 128), -7, dtype=torch.int32, device="cuda")[:, :cols]
+                       for who in ("ref", "ours")}
+            runs = dict(ref=lambda: engine_selection(ref, e, P, buffers["ref"]),
+                        ours=lambda: kpool_selection(kpool, e, P, buffers["ours"]))
+            row = dict(sequence="selection out=", params=dict(rows=rows_n, pool=P),
+                       min_bytes=kt.expand_bytes(rows_n, P))
+            for who, fn in runs.items():
+                fn()
+                row[f"{who}_us"], err = time_graph(torch, tt, fn)
+                if err:
+                    row[f"{who}_graph_error"] = err
+            row["exact"] = "exact" if torch.equal(buffers["ours"], buffers["ref"]) else "differs"
+            kernels = selection_kernels(torch, runs["ours"])
+            row["ours_kernels"] = kernels
+            rows.append(finish(row, roof, note=f"{len(kernels)} kernel(s)"))
+    return rows
+
+
+def finish(row, roof, note=""):
+    row["min_us"] = row["min_bytes"] / roof / 1e3 if roof else None
+    o, r = row.get("ours_us"), row.get("ref_us")
+    row["speedup_vs_engine_ref"] = r / o if (o and r) else None
+    row["pct_of_copy"] = 100 * row["min_us"] / o if (o and row["min_us"]) else None
+    ps = " ".join(f"{k}={v}" for k, v in row["params"].items())
+
+    def num(x, w, p):
+        return f"{x:>{w}.{p}f}" if isinstance(x, (int, float)) else f"{'n/a':>{w}}"
+
+    errors = "; ".join(f"{k}: {v}" for k, v in row.items() if k.endswith("error"))
+    print(f"{row['sequence']:<18} {ps:<22} {num(r, 10, 2)} {num(row.get('ours_seq_us'), 11, 2)} {num(o, 11, 2)} "
+          f"{num(row['min_us'], 7, 2)} {num(row['speedup_vs_engine_ref'], 7, 1)} {num(row['pct_of_copy'], 6, 1)}  "
+          f"{row.get('exact', 'n/a')} {note} {errors}")
+    sys.stdout.flush()
+    return row
