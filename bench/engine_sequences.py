@@ -15,6 +15,11 @@ pool rows and tail rows written).
   masks the rows without a slot, converts the slots to int64, compresses over
   the n rows and seeds the tail over the n tokens. kpool:
   `kpool_compress_tokens_and_write_cache(..., tail_kv_cache=, tail_slot_mapping=)`.
+- ragged decode: plain decode mixed with speculative verify (1-4 tokens per
+  request); the engine builds padded [B, max] grids (repeat_interleave,
+  cumsum, five torch.full pads and five index_put) for the batched op. kpool:
+  `kpool_decode_update_and_maybe_write_cache_ragged(..., query_start_loc,
+  max_query_len=)` on the flat tokens.
 - selection with out=: the engine writes the ids into rows of a preallocated
   int32 topk buffer; the reference returns a new tensor, which the engine
   copies in. kpool: `expand_pools_and_append_tail(..., out=topk_buffer[:rows])`.
@@ -27,6 +32,8 @@ import sys
 import workloads as kt
 
 PREFILL_TOKENS = (2048, 16384)
+RAGGED_REQUESTS = (64, 512)
+RAGGED_MAX = 4  # tokens per request: 1 (plain decode) to 4 (speculative verify)
 SELECTION_ROWS = (64, 4096)
 REQUEST_TOKENS = 2048  # a prefill batch: requests of this many tokens back to back
 
@@ -80,6 +87,65 @@ def kpool_prefill_insert(kpool, b, P, kv_cache, tail):
                                                 tail_kv_cache=tail, tail_slot_mapping=b["tail_slot_mapping"])
 
 
+def ragged_step(gen: kt.Gen, B: int, P: int):
+    """B requests of 1 to RAGGED_MAX tokens (bench_triton's context lengths),
+    flat, int32 indices, with query_start_loc."""
+    torch = gen.torch
+    counts = [1 + c for c in gen.ints(0, RAGGED_MAX, B)]
+    ring, ntb = P, 2 * B + 8
+    blocks = gen.perm(ntb)[:B]
+    nb = max(64, -(-4 * B * RAGGED_MAX // kt.PAGE))
+    free = iter(gen.perm(nb * kt.PAGE))
+    pos, ts, sm = [], [], []
+    for r, (ctx, n) in enumerate(zip(gen.ints(4 * P, 8192, B), counts)):
+        for p in range(ctx, ctx + n):
+            pos.append(p)
+            ts.append(blocks[r] * ring + p % ring)
+            sm.append(next(free) if p % P == P - 1 else -1)
+    T = len(pos)
+    qsl = [0]
+    for n in counts:
+        qsl.append(qsl[-1] + n)
+    tail_base, tail = kt.make_tail(gen, ntb, ring)
+    return dict(key=gen.randn((T, kt.D)), score=gen.randn((T, kt.D)), ape=gen.randn((P, kt.D), 0.5, torch.float32),
+                positions=gen.i32(pos), tail_slot_mapping=gen.i32(ts), slot_mapping=gen.i32(sm),
+                query_start_loc=gen.i32(qsl), max_query_len=max(counts), tail_base=tail_base, tail=tail,
+                kv_cache=gen.cache_bytes((nb, kt.PAGE, kt.ROW)),
+                written=sum(s >= 0 for s in sm), T=T)
+
+
+def ragged_min_bytes(s, P):
+    """Each token's key and score read once and stashed, its three indices
+    and the offsets read, each completion's P-1 ring members read and its
+    row written."""
+    return s["T"] * (4 * kt.VEC + 12) + 4 * s["query_start_loc"].numel() + \
+        s["written"] * ((P - 1) * 2 * kt.VEC + kt.ROW)
+
+
+def engine_ragged_decode(lib, s, P, kv_cache, tail):
+    """The engine's glue today: the flat step scattered into padded grids."""
+    torch = sys.modules["torch"]
+    qsl, T, N = s["query_start_loc"], s["T"], s["max_query_len"]
+    B = qsl.shape[0] - 1
+    counts = qsl[1:] - qsl[:-1]
+    request = torch.repeat_interleave(torch.arange(B, device=qsl.device), counts, output_size=T)
+    within = torch.arange(T, device=qsl.device) - qsl[request]
+    grids = []
+    for name, fill in (("key", 0), ("score", 0), ("tail_slot_mapping", -1), ("slot_mapping", -1), ("positions", -1)):
+        x = s[name]
+        grid = torch.full((B, N) + tuple(x.shape[1:]), fill, dtype=x.dtype, device=x.device)
+        grid.index_put_((request, within), x)
+        grids.append(grid)
+    key, score, tsm, sm, pos = grids
+    lib.kpool_decode_update_and_maybe_write_cache_batched(kv_cache, tail, tsm, key, score, s["ape"], sm, pos, P)
+
+
+def kpool_ragged_decode(kpool, s, P, kv_cache, tail):
+    kpool.kpool_decode_update_and_maybe_write_cache_ragged(
+        kv_cache, tail, s["tail_slot_mapping"], s["key"], s["score"], s["ape"], s["slot_mapping"], s["positions"],
+        s["query_start_loc"], P, max_query_len=s["max_query_len"])
+
+
 def engine_selection(lib, e, P, buffer):
     rows = e["pool_ids"].shape[0]
     buffer[:rows].copy_(lib.expand_pools_and_append_tail(e["pool_ids"], e["seq_lens"], P))
@@ -115,28 +181,18 @@ def run(torch, tt, gen, kpool, ref, roof, quick, time_graph):
                          ours_seq=lambda kv, tail: engine_prefill_insert(kpool, b, P, kv, tail),
                          ours=lambda kv, tail: kpool_prefill_insert(kpool, b, P, kv, tail))
             row = dict(sequence="prefill insert", params=dict(tokens=n, pool=P), min_bytes=prefill_min_bytes(n, b))
-            exact = {}
-            for who, call in calls.items():
-                # Once on fresh copies (the bytes compared), then timed.
-                kv, tail_base = b["kv_cache"].clone(), b["tail_base"].clone()
-                tail = tail_base.as_strided(b["tail"].shape, b["tail"].stride())
-                try:
-                    call(kv, tail)
-                    exact[who] = (kv, tail_base)
-                except Exception as e:  # report, keep going
-                    row[f"{who}_error"] = f"{type(e).__name__}: {e}"
-                    continue
-                row[f"{who}_us"], err = time_graph(torch, tt, lambda call=call, kv=kv, tail=tail: call(kv, tail))
-                if err:
-                    row[f"{who}_graph_error"] = err
-            if "ref" in exact and "ours" in exact:
-                cmp = kt.compare_caches(exact["ours"][0], exact["ref"][0])
-                same_tail = bool(torch.equal(exact["ours"][1], exact["ref"][1]))
-                row["exact"] = ("exact" if cmp["bytes"] == 0 and same_tail else
-                                f"cache bytes differ: {cmp['bytes']} ({len(cmp['boundary'])} boundary slots); "
-                                f"tail {'same' if same_tail else 'differs'}")
-            rows.append(finish(row, roof))
-            del b, calls, exact
+            rows.append(finish(time_cache_calls(torch, tt, time_graph, row, calls, b), roof))
+            del b, calls
+    for B in RAGGED_REQUESTS[:1] if quick else RAGGED_REQUESTS:
+        for P in kt.POOLS:
+            s = ragged_step(gen, B, P)
+            calls = dict(ref=lambda kv, tail: engine_ragged_decode(ref, s, P, kv, tail),
+                         ours_seq=lambda kv, tail: engine_ragged_decode(kpool, s, P, kv, tail),
+                         ours=lambda kv, tail: kpool_ragged_decode(kpool, s, P, kv, tail))
+            row = dict(sequence="ragged decode", params=dict(requests=B, tokens=s["T"], pool=P),
+                       min_bytes=ragged_min_bytes(s, P))
+            rows.append(finish(time_cache_calls(torch, tt, time_graph, row, calls, s), roof))
+            del s, calls
     for rows_n in SELECTION_ROWS[:1] if quick else SELECTION_ROWS:
         for P in kt.POOLS:
             e = kt.expand_inputs(gen, rows_n, P)
@@ -157,6 +213,32 @@ def run(torch, tt, gen, kpool, ref, roof, quick, time_graph):
             row["ours_kernels"] = kernels
             rows.append(finish(row, roof, note=f"{len(kernels)} kernel(s)"))
     return rows
+
+
+def time_cache_calls(torch, tt, time_graph, row, calls, state):
+    """Each call once on fresh copies of the caches (their bytes compared:
+    the engine's sequence with the reference against kpool's one call),
+    then timed in graph replay on those copies."""
+    exact = {}
+    for who, call in calls.items():
+        kv, tail_base = state["kv_cache"].clone(), state["tail_base"].clone()
+        tail = tail_base.as_strided(state["tail"].shape, state["tail"].stride())
+        try:
+            call(kv, tail)
+            exact[who] = (kv.clone(), tail_base.clone())
+        except Exception as e:  # report, keep going
+            row[f"{who}_error"] = f"{type(e).__name__}: {e}"
+            continue
+        row[f"{who}_us"], err = time_graph(torch, tt, lambda call=call, kv=kv, tail=tail: call(kv, tail))
+        if err:
+            row[f"{who}_graph_error"] = err
+    if "ref" in exact and "ours" in exact:
+        cmp = kt.compare_caches(exact["ours"][0], exact["ref"][0])
+        same_tail = bool(torch.equal(exact["ours"][1], exact["ref"][1]))
+        row["exact"] = ("exact" if cmp["bytes"] == 0 and same_tail else
+                        f"cache bytes differ: {cmp['bytes']} ({len(cmp['boundary'])} boundary slots); "
+                        f"tail {'same' if same_tail else 'differs'}")
+    return row
 
 
 def finish(row, roof, note=""):
