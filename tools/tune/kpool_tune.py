@@ -4,7 +4,8 @@ two machines kpool is built and measured on.
 
   plan   (build machine: Halide, no GPU) reads schedules/<family>.knobs,
          enumerates each tuning unit's legal knob values (pruned by the
-         file's `require` lines, sampled down to --max per unit), adds a
+         file's `require` lines, sampled down to --max per unit; with
+         --every-value also each legal value of each knob once), adds a
          Halide-autoscheduled candidate per unit, and builds them all into
          one tuning library next to the hand-scheduled variants (a build of
          this project with KPOOL_TUNE_CANDIDATES): BUNDLE/libkpool.so and
@@ -212,13 +213,11 @@ def plan(a):
     rng = random.Random(a.seed)
     candidates = []
     tuned = {u: names for u, names in units(knobs).items() if not a.units or u in a.units}
-    by_unit = collections.defaultdict(list)
+    by_unit = {unit: enumerate_unit(knobs, names, a.max, rng) for unit, names in tuned.items()}
     if a.every_value:
         for unit, s in every_value(knobs, tuned):
-            by_unit[unit].append(s)
-    else:
-        for unit, names in tuned.items():
-            by_unit[unit] = enumerate_unit(knobs, names, a.max, rng)
+            if s not in by_unit[unit]:
+                by_unit[unit].append(s)
     for unit in tuned:
         arith = arithmetic_of(a.family, unit)
         for s in by_unit[unit]:
@@ -923,8 +922,8 @@ def main(argv=None):
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--no-autoscheduler", action="store_true")
     pl.add_argument("--every-value", action="store_true",
-                    help="instead of sampling combinations, each legal value of each knob once (for `check`: "
-                         "every value the knobs file calls legal runs)")
+                    help="also each legal value of each knob once (with --max 0: only those), so that the "
+                         "pre-flight runs every value the knobs file calls legal")
     pl.add_argument("--autoschedule-timeout", type=float, default=240, help="seconds per autoscheduled kernel")
     pl.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     pl.add_argument("--cmake", default=shutil.which("cmake") or "cmake")
