@@ -104,7 +104,7 @@ protected:
         slot_score.dim(0).set_bounds(0, kHeadDim / values_per_item(slot_score.type())).dim(1).set_bounds(0, pool_size);
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         return compress_pool(key, score, ape_f32, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
-                             pool_arithmetic(arith, plan.target, rounding_barrier(slot_k.dim(2).stride()),
+                             pool_arithmetic(arith, plan.target, rounding_barrier(plan.barrier_operand(slot_k.dim(2))),
                                              decided.exp_branches, decided.exp_fma_fast_path),
                              decided.e4m3);
     }

@@ -166,7 +166,7 @@ void define_completions(DecodeWriteStages &s, DecodeWriteArguments &in, Generato
     s.layout = decided.layout;
     s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
                                in.round_scale,
-                               pool_arithmetic(arith, plan.target, rounding_barrier(in.key.dim(2).stride()),
+                               pool_arithmetic(arith, plan.target, rounding_barrier(plan.barrier_operand(in.key.dim(2))),
                                                decided.exp_branches, decided.exp_fma_fast_path),
                                decided.e4m3);
 

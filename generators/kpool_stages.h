@@ -37,7 +37,16 @@ struct BuildPlan {
     std::string gpu;           // "" (the CPU), or a family's name
     std::string gpu_features;  // "+"-separated, e.g. "e4m3"
     KnobValues knobs;
+    bool autoscheduled = false;  // a twin: an autoscheduler schedules it, not schedules/
     std::string family() const { return gpu.empty() ? "cpu" : gpu; }
+
+    // The integer a rounding barrier compares (kpool_numerics.h): a buffer's
+    // outer stride, or in a twin its outer extent (an autoscheduler bounds
+    // every expression from estimates, and Halide 21 takes none for a
+    // stride; no extent is INT32_MIN either).
+    Halide::Expr barrier_operand(const Halide::Internal::Dimension &outer) const {
+        return autoscheduled ? outer.extent() : outer.stride();
+    }
 
     // Whether the family's row lists `feature`.
     bool has_gpu_feature(const std::string &feature) const {
@@ -59,7 +68,8 @@ protected:
     const BuildPlan &build_plan() {
         if (!plan_) {
             const std::string family = gpu.value().empty() ? "cpu" : gpu.value();
-            plan_ = BuildPlan{this->get_target(), gpu, gpu_features, split_knobs(family, knobs)};
+            plan_ = BuildPlan{this->get_target(), gpu, gpu_features, split_knobs(family, knobs),
+                              this->using_autoscheduler()};
         }
         return *plan_;
     }
