@@ -182,7 +182,7 @@ public:
         using namespace estimate;
         loc.set_estimates({{0, kPools}});
         write_mask.set_estimates({{0, kPools}});
-        cache.set_estimates(estimate::kv_cache());
+        cache.set_estimates(estimate::in_place_cache());
         if (estimate_inputs()) {
             return;
         }

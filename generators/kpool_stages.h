@@ -261,6 +261,14 @@ constexpr int kMaxPoolSize = 64;
 // The shapes more than one generator shares.
 inline Halide::Region tail_ring(int ring) { return {{0, kHeadDim}, {0, ring}, {0, 2}, {0, kTailBlocks}}; }
 inline Halide::Region kv_cache() { return {{0, kHeadDim}, {0, kBlockSize}, {0, kCacheBlocks}}; }
+// An output written in place (a scatter over an RDom into the cache or the
+// tail ring): an autoscheduler tiles its undef pure stage by the estimate
+// (ShiftInwards), and the tiles become the region Halide checks the view
+// holds; so it is estimated at the least a call passes, one token of one
+// block (a tile of 8 pages over a smaller cache: "Output buffer cache.0 is
+// accessed at -47, which is before the min (0) in dimension 2").
+inline Halide::Region in_place_cache() { return {{0, kHeadDim}, {0, 1}, {0, 1}}; }
+inline Halide::Region in_place_tail() { return {{0, kHeadDim}, {0, 1}, {0, 2}, {0, 1}}; }
 inline Halide::Region decode_tokens() { return {{0, kNextN}, {0, kRequests}}; }         // (token, request)
 inline Halide::Region decode_rows() { return {{0, kHeadDim}, {0, kNextN}, {0, kRequests}}; }  // (d, token, request)
 }  // namespace estimate
