@@ -345,28 +345,6 @@ void load_lane_items(CompressPool &c, CompressLaneLoads &l, const Var &lane) {
     p.logit.compute_at(pooled, lane).store_in(MemoryType::Register).unroll(p.logit.args()[0]).unroll(p.logit.args()[1]);
 }
 
-// A words kernel's pool: every slot unrolled, its items loaded up front
-// (load_lane_items), unless the exact arithmetic's pool has more than
-// `unrolled_slots` slots: there P x (8 bytes of key and of score, 16 of
-// ape) in flight at once and P x V logits beside the f64 exps pass the 128
-// registers (sm_90, P=16: 208 B spilled; with only the logits in shared
-// memory, 232 B; with the keys read in groups of 4 slots, 192 B: ptxas
-// hoists every slot's loads in straight-line code).
-// Then the logits are computed in groups of `unrolled_slots` slots (a
-// loop, each group's loads in flight together) into shared memory, each
-// lane its own, and the weighted sum loops over the same groups, reading a
-// group's keys at once; the max reads the logits back unrolled. Shared
-// memory holds them thread index innermost (Halide's layout for a
-// thread's own allocation), so a warp's access is 128 contiguous bytes.
-// sm_90 SASS (ptxas --maxrregcount 128), bf16 scores, groups of 4: P=16
-// 99 registers, no spills, 3040 instructions (a group's 16 exps in the
-// loop body), loads 16 B x 4 + 8 B x 9, 16 shared stores and 80 loads.
-// On the path that runs (exp's exact-path branches left out, loops counted
-// by their trips), per pool against the exact element kernel (16 values a
-// lane, 2-byte loads, slot loops; ncu: 61.7 % of its stalls on L1TEX at
-// P=16): P=4 43.5k thread instructions against 35.9k, 448 load
-// instructions against 2448 (8-16 B each against 2-4 B); P=16 116k against
-// 109k, 1600 loads against 8976; the same f64 fmas (10 an exp).
 // Halide 21's CUDA runtime launches a kernel with its shared memory as the
 // launch's dynamic size and never raises the function's limit on it
 // (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), so a block asking for
@@ -391,6 +369,28 @@ void check_logits_fit_shared_memory(const SoftmaxPool &p, const RowLayout &layou
     }
 }
 
+// A words kernel's pool: every slot unrolled, its items loaded up front
+// (load_lane_items), unless the exact arithmetic's pool has more than
+// `unrolled_slots` slots: there P x (8 bytes of key and of score, 16 of
+// ape) in flight at once and P x V logits beside the f64 exps pass the 128
+// registers (sm_90, P=16: 208 B spilled; with only the logits in shared
+// memory, 232 B; with the keys read in groups of 4 slots, 192 B: ptxas
+// hoists every slot's loads in straight-line code).
+// Then the logits are computed in groups of `unrolled_slots` slots (a
+// loop, each group's loads in flight together) into shared memory, each
+// lane its own, and the weighted sum loops over the same groups, reading a
+// group's keys at once; the max reads the logits back unrolled. Shared
+// memory holds them thread index innermost (Halide's layout for a
+// thread's own allocation), so a warp's access is 128 contiguous bytes.
+// sm_90 SASS (ptxas --maxrregcount 128), bf16 scores, groups of 4: P=16
+// 99 registers, no spills, 3040 instructions (a group's 16 exps in the
+// loop body), loads 16 B x 4 + 8 B x 9, 16 shared stores and 80 loads.
+// On the path that runs (exp's exact-path branches left out, loops counted
+// by their trips), per pool against the exact element kernel (16 values a
+// lane, 2-byte loads, slot loops; ncu: 61.7 % of its stalls on L1TEX at
+// P=16): P=4 43.5k thread instructions against 35.9k, 448 load
+// instructions against 2448 (8-16 B each against 2-4 B); P=16 116k against
+// 109k, 1600 loads against 8976; the same f64 fmas (10 an exp).
 void pool_words_in_warp(CompressPool &c, CompressLaneLoads &l, const RowLayout &layout, const Var &d, const Var &v,
                         const Var &lane, LoopLevel at, int unrolled_slots, int block_threads) {
     SoftmaxPool &p = c.pool;
