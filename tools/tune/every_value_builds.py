@@ -5,7 +5,10 @@ knobs at their hand values where the file's requires allow) goes through the
 build's own commands for the kernels of its op named by GLOB: the generator
 (which refuses a plan it cannot launch, e.g. shared memory over 48 KiB) and
 cmake/ptx_for_family.py (ptxas for the family's target, and no local access
-wider than its stack frame's alignment). A value that fails here would fail
+wider than its stack frame's alignment); then every kernel's launch is held
+to the limits of every CUDA GPU (launch_bounds_errors): threads a block,
+registers (ptxas -v) times threads, and shared memory (Halide's launch, from
+the generator's stmt). A value that fails here would fail
 on every GPU; the GPU side runs each once (`kpool_tune.py plan --every-value`,
 then `check`, bench/run_on_gpu.sh).
 
@@ -19,6 +22,7 @@ Exit status 1 naming the setting, the kernel and the error if any fails.
 import argparse
 import concurrent.futures
 import fnmatch
+import glob
 import os
 import re
 import shlex
@@ -61,6 +65,65 @@ def build_command(build_dir, kernel):
     return [s for s in steps if s[0] != "cd"]
 
 
+# What a launch may ask of any CUDA GPU from sm_80 on (a kernel of Halide
+# 21: its shared memory is the launch's dynamic size, never raised past the
+# default): threads a block, registers a block (allocated per warp, in
+# units of 256 registers: a thread's count rounded up to 8), shared bytes.
+MAX_BLOCK_THREADS, MAX_BLOCK_REGISTERS, MAX_DYNAMIC_SHARED_BYTES = 1024, 65536, 48 * 1024
+
+
+def launches(stmt):
+    """{kernel: (threads a block, shared bytes)} of each halide_cuda_run call
+    in Halide's stmt whose block size and shared memory are constants (grid
+    sizes are the call's, not the kernel's)."""
+    out = {}
+    for m in re.finditer(r'halide_cuda_run\(cuda\[0\], "(\w+)", ', stmt):
+        args, depth, start, i = [], 0, m.end(), m.end()
+        while len(args) < 7:
+            c = stmt[i]
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+            elif c == "," and depth == 0:
+                args.append(stmt[start:i].strip())
+                start = i + 1
+            i += 1
+        block, shared = args[3:6], args[6]
+        if all(re.fullmatch(r"\d+", b) for b in block) and re.fullmatch(r"[\d+*() ]+", shared):
+            out[m.group(1)] = (int(block[0]) * int(block[1]) * int(block[2]), eval(shared, {"__builtins__": {}}))
+    return out
+
+
+def registers(ptxas_report):
+    """{kernel: registers a thread} from ptxas -v."""
+    out, kernel = {}, None
+    for line in ptxas_report.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            kernel = m.group(1)
+        m = re.search(r"Used (\d+) registers", line)
+        if m and kernel:
+            out[kernel] = int(m.group(1))
+    return out
+
+
+def launch_bounds_errors(stmt, ptxas_report):
+    """Why each kernel of the pipeline could not launch on a CUDA GPU ([] if all can)."""
+    errors = []
+    regs = registers(ptxas_report)
+    for kernel, (threads, shared) in launches(stmt).items():
+        block_registers = -(-regs.get(kernel, 0) // 8) * 8 * threads
+        if threads > MAX_BLOCK_THREADS:
+            errors.append(f"{kernel}: {threads} threads a block, over {MAX_BLOCK_THREADS}")
+        if block_registers > MAX_BLOCK_REGISTERS:
+            errors.append(f"{kernel}: {regs[kernel]} registers x {threads} threads = {block_registers} a block, "
+                          f"over {MAX_BLOCK_REGISTERS}")
+        if shared > MAX_DYNAMIC_SHARED_BYTES:
+            errors.append(f"{kernel}: {shared} bytes of shared memory a block, over {MAX_DYNAMIC_SHARED_BYTES}")
+    return errors
+
+
 def kernels_of(unit, kernels, family):
     op, exact = unit.split(".")[0], unit.endswith(".exact")
     mine = [k for k in kernels if re.search(KERNEL_OPS[op], k[len(f"kpool_{family}_"):])]
@@ -81,11 +144,21 @@ def build(steps, kernel, knobs, out_dir):
             args.append(a)
         if "-o" in args:
             args[args.index("-o") + 1] = out_dir
+        if "-e" in args:  # the stmt too: its launches' block sizes and shared memory
+            args[args.index("-e") + 1] += ",stmt"
         r = subprocess.run(args, capture_output=True, text=True, cwd=out_dir)
         if r.returncode != 0:
             lines = [ln for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
             return " | ".join(lines[-6:])[:1500]
-    return None
+    with open(os.path.join(out_dir, f"{kernel}.stmt"), errors="replace") as f:
+        stmt = f.read()
+    report = ""
+    for path in sorted(glob.glob(os.path.join(out_dir, f"{kernel}.*.cubin.ptxas"))):
+        with open(path) as f:
+            report += f.read()
+    if not launches(stmt) or not registers(report):
+        return "no launch or no ptxas -v report to check (the build's commands changed?)"
+    return " | ".join(launch_bounds_errors(stmt, report)) or None
 
 
 def main():
@@ -123,7 +196,7 @@ def main():
                 failed.append(f"{kf.wire(setting)} {kernel}: {error}")
                 print(f"FAILED {kf.wire(setting)} {kernel}: {error}", flush=True)
     print(f"{len(jobs) - len(failed)} of {len(jobs)} builds of {len(kernels)} {a.family} kernels over "
-          f"{len(unit_settings)} knob settings passed the generator, ptxas and the alignment check")
+          f"{len(unit_settings)} knob settings passed the generator, ptxas, the alignment check and the launch bounds")
     return 1 if failed else 0
 
 

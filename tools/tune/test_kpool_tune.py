@@ -137,6 +137,31 @@ def test_the_knobs_files_keep_compress_logits_within_48_kib_of_shared_memory():
             assert legal == (unrolled >= 16 or threads * values * 16 * 4 <= 48 * 1024), (family, combo)
 
 
+def test_launch_bounds_read_from_the_stmt_and_ptxas():
+    """every_value_builds.py's launch check, on the forms Halide 21's stmt
+    and ptxas -v write: a grid size with commas of its own, the block's
+    threads, its shared memory as an expression; each limit broken once."""
+    import every_value_builds as ev
+    stmt = ('let r = halide_cuda_run(cuda[0], "_kernel_a", max(t1, (t2 + 3)), 1, 1, 32, 32, 1, 0 + (8192*4), '
+            '(void *)make_struct((int64)8))\n'
+            'let q = halide_cuda_run(cuda[0], "_kernel_b", t9, 1, 1, 16, 8, 1, 0 + (16384*4), (void *)make_struct())\n'
+            'let z = halide_cuda_run(cuda[0], "_kernel_c", t9, 1, 1, n, 8, 1, 0, (void *)make_struct())\n')
+    assert ev.launches(stmt) == {"_kernel_a": (1024, 32768), "_kernel_b": (128, 65536)}
+    report = ("ptxas info    : Compiling entry function '_kernel_a' for 'sm_90'\n"
+              "ptxas info    : Used 57 registers, used 0 barriers\n"
+              "ptxas info    : Compiling entry function '_kernel_b' for 'sm_90'\n"
+              "ptxas info    : Used 128 registers, used 1 barriers\n")
+    assert ev.registers(report) == {"_kernel_a": 57, "_kernel_b": 128}
+    # 57 registers a thread take 64 (a warp's in units of 256): 64 x 1024 = 65536, at the limit.
+    assert ev.launch_bounds_errors(stmt, report) == [
+        "_kernel_b: 65536 bytes of shared memory a block, over 49152"]
+    assert ev.launch_bounds_errors(stmt, report.replace("57 registers", "65 registers")) == [
+        "_kernel_a: 65 registers x 1024 threads = 73728 a block, over 65536",
+        "_kernel_b: 65536 bytes of shared memory a block, over 49152"]
+    assert ev.launch_bounds_errors(stmt.replace("32, 32, 1", "64, 32, 1"), report)[0] == \
+        "_kernel_a: 2048 threads a block, over 1024"
+
+
 def test_cmake_line_names_the_candidate():
     c = dict(id=7, unit="compress.exact", arithmetic="exact", knobs={"a.b": 1, "c.d": 2})
     assert kt.cmake_line("sm90", c) == ('kpool_add_device_kernels(sm90 CANDIDATE 7 KNOBS "a.b:1,c.d:2" OPS compress '
