@@ -120,8 +120,10 @@ def native_bf16_rounding(text):
 # its accesses. Halide 21 declares a Func kept in a stack array with its
 # element's alignment but may move it as wider vectors (a loop of 16-byte
 # loads into an f32 array: st.local.v2.b64 into a frame of `.align 4`): ptxas
-# takes it, and the GPU faults with a misaligned address. So an access wider
-# than its frame's alignment fails the build.
+# takes it and places the array by its declared alignment, so whether the GPU
+# faults (misaligned address) depends on what else the frame holds: compress
+# at 8 values a lane faulted on an H100, fwht's words kernel at runs of 16
+# ran. So an access wider than its frame's alignment fails the build.
 FUNCTION = re.compile(rb"^(?:\.visible |\.weak )?\.(?:entry|func)\s[^(]*?(\w+)\(", re.M)
 LOCAL_FRAME = re.compile(rb"\.local \.align (\d+) \.b8\s+__local_depot")
 LOCAL_ACCESS = re.compile(rb"\b(?:ld|st)\.local(?:\.v(\d))?\.[bsuf](\d+)\b[^;]*;")

@@ -204,9 +204,13 @@ void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
     compute_row_in_warp(s.rotate, s.v, s.lane, LoopLevel(s.out, ri));
     if (s.lane_pairs.defined()) {
         constexpr int kLoadWords = 4;  // 16 bytes of 32-bit words
+        // (Runs of 16 and more are more than one load: unrolled, as
+        // compress's lane items are, not a stack array of 4-byte alignment
+        // stored as 16-byte vectors.)
         s.lane_pairs.compute_at(s.rotate.rotation.stages[0], s.lane)
             .store_in(MemoryType::Register)
             .vectorize(s.pair, kLoadWords)
+            .unroll(s.pair)
             .unroll(s.run_index);
     }
 }

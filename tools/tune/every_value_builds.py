@@ -74,8 +74,9 @@ MAX_BLOCK_THREADS, MAX_BLOCK_REGISTERS, MAX_DYNAMIC_SHARED_BYTES = 1024, 65536, 
 
 def launches(stmt):
     """{kernel: (threads a block, shared bytes)} of each halide_cuda_run call
-    in Halide's stmt whose block size and shared memory are constants (grid
-    sizes are the call's, not the kernel's)."""
+    in Halide's stmt, each None where the launch computes it (a block sized
+    by the call's shapes: decode's per-request token indices); grid sizes
+    are the call's, not the kernel's."""
     out = {}
     for m in re.finditer(r'halide_cuda_run\(cuda\[0\], "(\w+)", ', stmt):
         args, depth, start, i = [], 0, m.end(), m.end()
@@ -90,8 +91,10 @@ def launches(stmt):
                 start = i + 1
             i += 1
         block, shared = args[3:6], args[6]
-        if all(re.fullmatch(r"\d+", b) for b in block) and re.fullmatch(r"[\d+*() ]+", shared):
-            out[m.group(1)] = (int(block[0]) * int(block[1]) * int(block[2]), eval(shared, {"__builtins__": {}}))
+        threads = (int(block[0]) * int(block[1]) * int(block[2])
+                   if all(re.fullmatch(r"\d+", b) for b in block) else None)
+        out[m.group(1)] = (threads, eval(shared, {"__builtins__": {}})
+                           if re.fullmatch(r"[\d+*() ]+", shared) else None)
     return out
 
 
@@ -113,13 +116,13 @@ def launch_bounds_errors(stmt, ptxas_report):
     errors = []
     regs = registers(ptxas_report)
     for kernel, (threads, shared) in launches(stmt).items():
-        block_registers = -(-regs.get(kernel, 0) // 8) * 8 * threads
-        if threads > MAX_BLOCK_THREADS:
+        block_registers = -(-regs.get(kernel, 0) // 8) * 8 * (threads or 0)
+        if threads and threads > MAX_BLOCK_THREADS:
             errors.append(f"{kernel}: {threads} threads a block, over {MAX_BLOCK_THREADS}")
         if block_registers > MAX_BLOCK_REGISTERS:
             errors.append(f"{kernel}: {regs[kernel]} registers x {threads} threads = {block_registers} a block, "
                           f"over {MAX_BLOCK_REGISTERS}")
-        if shared > MAX_DYNAMIC_SHARED_BYTES:
+        if shared and shared > MAX_DYNAMIC_SHARED_BYTES:
             errors.append(f"{kernel}: {shared} bytes of shared memory a block, over {MAX_DYNAMIC_SHARED_BYTES}")
     return errors
 

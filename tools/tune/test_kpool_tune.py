@@ -140,13 +140,14 @@ def test_the_knobs_files_keep_compress_logits_within_48_kib_of_shared_memory():
 def test_launch_bounds_read_from_the_stmt_and_ptxas():
     """every_value_builds.py's launch check, on the forms Halide 21's stmt
     and ptxas -v write: a grid size with commas of its own, the block's
-    threads, its shared memory as an expression; each limit broken once."""
+    threads, its shared memory as an expression, a block the call sizes
+    (not checked); each limit broken once."""
     import every_value_builds as ev
     stmt = ('let r = halide_cuda_run(cuda[0], "_kernel_a", max(t1, (t2 + 3)), 1, 1, 32, 32, 1, 0 + (8192*4), '
             '(void *)make_struct((int64)8))\n'
             'let q = halide_cuda_run(cuda[0], "_kernel_b", t9, 1, 1, 16, 8, 1, 0 + (16384*4), (void *)make_struct())\n'
             'let z = halide_cuda_run(cuda[0], "_kernel_c", t9, 1, 1, n, 8, 1, 0, (void *)make_struct())\n')
-    assert ev.launches(stmt) == {"_kernel_a": (1024, 32768), "_kernel_b": (128, 65536)}
+    assert ev.launches(stmt) == {"_kernel_a": (1024, 32768), "_kernel_b": (128, 65536), "_kernel_c": (None, 0)}
     report = ("ptxas info    : Compiling entry function '_kernel_a' for 'sm_90'\n"
               "ptxas info    : Used 57 registers, used 0 barriers\n"
               "ptxas info    : Compiling entry function '_kernel_b' for 'sm_90'\n"
