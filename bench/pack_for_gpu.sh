@@ -8,7 +8,9 @@
 # - build-gpu/bin.tar.xz: the library, the torch call extension, the test
 #   binary and the CLI of a fresh `scripts/kpool.sh build`;
 # - with --tune: a tuning bundle of FAMILY (tools/tune/kpool_tune.py plan,
-#   default --max 10; 10-20 minutes on 2 cores), as build-gpu/tune/.
+#   default --max 10 --every-value: each legal value of each knob is also a
+#   candidate, so the tuner's pre-flight on the GPU runs every value the
+#   knobs file calls legal once; 20-30 minutes on 2 cores), as build-gpu/tune/.
 #
 # The Triton reference is never part of the project: copy kpool_triton.py and
 # bench_triton.py into the ignored .ref/ first. Then, on the GPU machine,
@@ -27,7 +29,7 @@ if [ "${1:-}" = --tune ]; then
     tune_family=${2:?--tune needs a family (sm80, sm90)}
     shift 2
     plan_args=("$@")
-    [ ${#plan_args[@]} -eq 0 ] && plan_args=(--max 10)
+    [ ${#plan_args[@]} -eq 0 ] && plan_args=(--max 10 --every-value)
 fi
 [ -f .ref/kpool_triton.py ] || echo "note: no .ref/kpool_triton.py: the GPU call will have no reference to run" >&2
 

@@ -140,6 +140,11 @@ if [ -f build-tune/candidates.json ]; then
     step "schedule tuner (${tune_budget} s)" tune.log python3 tools/tune/kpool_tune.py run build-tune \
         --budget "$tune_budget" --candidate-timeout 120 "${tune_args[@]}" --out "$out/tune_results.json"
     summary+=("  $(grep -c . "$out/tune.log") lines; $(tail -1 "$out/tune.log")")
+    # The pre-flight runs every candidate once on small inputs before any
+    # timing; a bundle packed with --every-value holds each legal value of
+    # each knob, so a line here is a legal value that does not run.
+    summary+=("  pre-flight failures of knob values (legal values that do not run): $(grep '^pre-flight ' \
+        "$out/tune.log" | grep -Evc ' (Anderson2021|Mullapudi2016) ' || true)")
 fi
 
 cat "$out/bench.log"

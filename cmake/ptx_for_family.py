@@ -116,6 +116,35 @@ def native_bf16_rounding(text):
     return text
 
 
+# A function's stack frame, `.local .align N .b8 __local_depotK[bytes]`, and
+# its accesses. Halide 21 declares a Func kept in a stack array with its
+# element's alignment but may move it as wider vectors (a loop of 16-byte
+# loads into an f32 array: st.local.v2.b64 into a frame of `.align 4`): ptxas
+# takes it and places the array by its declared alignment, so whether the GPU
+# faults (misaligned address) depends on what else the frame holds: compress
+# at 8 values a lane faulted on an H100, fwht's words kernel at runs of 16
+# ran. So an access wider than its frame's alignment fails the build.
+FUNCTION = re.compile(rb"^(?:\.visible |\.weak )?\.(?:entry|func)\s[^(]*?(\w+)\(", re.M)
+LOCAL_FRAME = re.compile(rb"\.local \.align (\d+) \.b8\s+__local_depot")
+LOCAL_ACCESS = re.compile(rb"\b(?:ld|st)\.local(?:\.v(\d))?\.[bsuf](\d+)\b[^;]*;")
+
+
+def misaligned_local_accesses(text):
+    """["<function>: <instruction> moves N bytes, its stack frame is M-byte aligned", ...]."""
+    out = []
+    starts = [(m.start(), m.group(1).decode()) for m in FUNCTION.finditer(text)]
+    for (start, name), end in zip(starts, [s for s, _ in starts[1:]] + [len(text)]):
+        body = text[start:end]
+        frame = LOCAL_FRAME.search(body)
+        align = int(frame.group(1)) if frame else 0
+        for access in LOCAL_ACCESS.finditer(body):
+            width = int(access.group(1) or 1) * int(access.group(2)) // 8
+            if width > align:
+                out.append(f"{name}: {access.group(0).decode().split(None, 1)[0]} moves {width} bytes, its stack "
+                           f"frame is {align}-byte aligned")
+    return list(dict.fromkeys(out))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("object")
@@ -135,6 +164,10 @@ def main():
     for index, (start, header_at, end) in enumerate(found):
         text = native_bf16_rounding(raised(bytes(data[start:end]), header_at, args.target, args.isa))
         data[start:end] = text
+        misaligned = misaligned_local_accesses(text)
+        if misaligned:
+            sys.exit(f"{args.object}: the kernel would fault (misaligned address) on the GPU:\n  " +
+                     "\n  ".join(misaligned))
         cubin = (f"{os.path.splitext(args.sass)[0]}.{index}.cubin" if args.sass
                  else None)
         with tempfile.NamedTemporaryFile(suffix=".ptx") as ptx:

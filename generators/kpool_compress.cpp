@@ -104,7 +104,7 @@ protected:
         slot_score.dim(0).set_bounds(0, kHeadDim / values_per_item(slot_score.type())).dim(1).set_bounds(0, pool_size);
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
         return compress_pool(key, score, ape_f32, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
-                             pool_arithmetic(arith, plan.target, rounding_barrier(slot_k.dim(2).stride()),
+                             pool_arithmetic(arith, plan.target, rounding_barrier(plan.barrier_operand(slot_k.dim(2))),
                                              decided.exp_branches, decided.exp_fma_fast_path),
                              decided.e4m3);
     }
@@ -184,7 +184,7 @@ public:
         using namespace estimate;
         loc.set_estimates({{0, kPools}});
         write_mask.set_estimates({{0, kPools}});
-        cache.set_estimates(estimate::kv_cache());
+        cache.set_estimates(estimate::in_place_cache());
         if (estimate_inputs()) {
             return;
         }
@@ -283,7 +283,7 @@ public:
         member_score(d, j, t) =
             bf16_to_f32(select(in_chunk(j, t), gate_score(d, from), tail(d, ring_pos, 1, ring_block)));
         s.compress = compress_pool(member_key, member_score, ape, P, d, j, s.v, s.lane, {t}, s.layout, round_scale,
-                                   pool_arithmetic(arith, plan.target, rounding_barrier(key.dim(1).stride()),
+                                   pool_arithmetic(arith, plan.target, rounding_barrier(plan.barrier_operand(key.dim(1))),
                                                    decided.exp_branches, decided.exp_fma_fast_path),
                                    decided.e4m3);
 

@@ -104,13 +104,13 @@ struct DecodeTokens {
     Func tail_slot_mapping, slot_mapping, positions;  // (token, request), int32 values
     Func key, slot_score;                             // (d, token, request), bf16 bits
     Expr next_n, requests;
-    Expr key_outer_stride;  // a stride of key's buffer, for the rounding barrier
+    std::optional<Halide::Internal::Dimension> key_outer;  // key's outermost dim, for the rounding barrier
 };
 
 // The [B, N] layout: each input as it is (indices saturated to int32).
 DecodeTokens batched_tokens(DecodeWriteArguments &in) {
     return {index_values(in.tail_slot_mapping), index_values(in.slot_mapping), index_values(in.positions),
-            in.key, in.slot_score, in.key.dim(1).extent(), in.key.dim(2).extent(), in.key.dim(2).stride()};
+            in.key, in.slot_score, in.key.dim(1).extent(), in.key.dim(2).extent(), in.key.dim(2)};
 }
 
 // Every completing token's pool, compressed and written into `cache` (the K
@@ -185,7 +185,8 @@ void define_completions(DecodeWriteStages &s, Args &in, const DecodeTokens &toke
     s.layout = decided.layout;
     s.compress = compress_pool(member_key, member_score, in.ape, P, s.d, s.j, s.v, s.lane, {t, b}, s.layout,
                                in.round_scale,
-                               pool_arithmetic(arith, plan.target, rounding_barrier(tokens.key_outer_stride),
+                               pool_arithmetic(arith, plan.target,
+                                               rounding_barrier(plan.barrier_operand(*tokens.key_outer)),
                                                decided.exp_branches, decided.exp_fma_fast_path),
                                decided.e4m3);
 
@@ -427,7 +428,7 @@ struct DecodeRaggedArguments {
         g.slot_score(d, t, b) = slot_score(d, token_of(t, b));
         g.next_n = max_query_len;
         g.requests = query_start_loc.dim(0).extent() - 1;
-        g.key_outer_stride = key.dim(1).stride();
+        g.key_outer = key.dim(1);
         return g;
     }
     void constrain_tokens(bool aligned_rows) {

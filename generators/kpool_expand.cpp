@@ -51,7 +51,11 @@ public:
         Expr pool_len = pool.div(seq_len);
         Expr tail_start = pool_len * P;
 
-        Expr id = cast<int64_t>(ids(pool.div(c), row));
+        // An autoscheduler cannot bound a shift by a runtime amount: its twin
+        // reads the group clamped to [0, G], which changes nothing (a column
+        // past the pools, group G and on, reads -1 and takes the tail).
+        Expr group = using_autoscheduler() ? clamp(pool.div(c), 0, groups) : pool.div(c);
+        Expr id = cast<int64_t>(ids(group, row));
         Expr valid = id >= 0 && !(bound_pool_ids && id >= cast<int64_t>(pool_len));
         Expr history = select(valid, cast<int32_t>(id * P + pool.mod(c)), -1);
         Expr tail_off = c - topk;

@@ -63,7 +63,7 @@ public:
         gate_score.set_estimates({{0, kHeadDim}, {0, kTokens}});
         tslot.set_estimates({{0, kTokens}});
         pool_size.set_estimate(kMaxPoolSize);
-        tail.set_estimates(tail_ring(kPoolSize));
+        tail.set_estimates(in_place_tail());
         if (using_autoscheduler()) {
             return;
         }

@@ -37,7 +37,16 @@ struct BuildPlan {
     std::string gpu;           // "" (the CPU), or a family's name
     std::string gpu_features;  // "+"-separated, e.g. "e4m3"
     KnobValues knobs;
+    bool autoscheduled = false;  // a twin: an autoscheduler schedules it, not schedules/
     std::string family() const { return gpu.empty() ? "cpu" : gpu; }
+
+    // The integer a rounding barrier compares (kpool_numerics.h): a buffer's
+    // outer stride, or in a twin its outer extent (an autoscheduler bounds
+    // every expression from estimates, and Halide 21 takes none for a
+    // stride; no extent is INT32_MIN either).
+    Halide::Expr barrier_operand(const Halide::Internal::Dimension &outer) const {
+        return autoscheduled ? outer.extent() : outer.stride();
+    }
 
     // Whether the family's row lists `feature`.
     bool has_gpu_feature(const std::string &feature) const {
@@ -59,7 +68,8 @@ protected:
     const BuildPlan &build_plan() {
         if (!plan_) {
             const std::string family = gpu.value().empty() ? "cpu" : gpu.value();
-            plan_ = BuildPlan{this->get_target(), gpu, gpu_features, split_knobs(family, knobs)};
+            plan_ = BuildPlan{this->get_target(), gpu, gpu_features, split_knobs(family, knobs),
+                              this->using_autoscheduler()};
         }
         return *plan_;
     }
@@ -251,6 +261,14 @@ constexpr int kMaxPoolSize = 64;
 // The shapes more than one generator shares.
 inline Halide::Region tail_ring(int ring) { return {{0, kHeadDim}, {0, ring}, {0, 2}, {0, kTailBlocks}}; }
 inline Halide::Region kv_cache() { return {{0, kHeadDim}, {0, kBlockSize}, {0, kCacheBlocks}}; }
+// An output written in place (a scatter over an RDom into the cache or the
+// tail ring): an autoscheduler tiles its undef pure stage by the estimate
+// (ShiftInwards), and the tiles become the region Halide checks the view
+// holds; so it is estimated at the least a call passes, one token of one
+// block (a tile of 8 pages over a smaller cache: "Output buffer cache.0 is
+// accessed at -47, which is before the min (0) in dimension 2").
+inline Halide::Region in_place_cache() { return {{0, kHeadDim}, {0, 1}, {0, 1}}; }
+inline Halide::Region in_place_tail() { return {{0, kHeadDim}, {0, 1}, {0, 2}, {0, 1}}; }
 inline Halide::Region decode_tokens() { return {{0, kNextN}, {0, kRequests}}; }         // (token, request)
 inline Halide::Region decode_rows() { return {{0, kHeadDim}, {0, kNextN}, {0, kRequests}}; }  // (d, token, request)
 }  // namespace estimate

@@ -204,9 +204,13 @@ void schedule_fwht(FwhtStages &s, const BuildPlan &build) {
     compute_row_in_warp(s.rotate, s.v, s.lane, LoopLevel(s.out, ri));
     if (s.lane_pairs.defined()) {
         constexpr int kLoadWords = 4;  // 16 bytes of 32-bit words
+        // (Runs of 16 and more are more than one load: unrolled, as
+        // compress's lane items are, not a stack array of 4-byte alignment
+        // stored as 16-byte vectors.)
         s.lane_pairs.compute_at(s.rotate.rotation.stages[0], s.lane)
             .store_in(MemoryType::Register)
             .vectorize(s.pair, kLoadWords)
+            .unroll(s.pair)
             .unroll(s.run_index);
     }
 }
@@ -309,7 +313,12 @@ void lane_items_at(Func f, int items, LoopLevel at, const CompressLaneLoads &l, 
     constexpr int kLoadItems = 4;  // 16 bytes of 32-bit items
     f.compute_at(at).store_in(MemoryType::Register);
     if (items > 1) {
-        f.vectorize(l.item, std::min(kLoadItems, items));
+        // Past one load, the loads unrolled too: a loop over them would keep
+        // the items in a stack array, which Halide 21 declares 4-byte
+        // aligned (.local .align 4) while storing them as 16-byte vectors
+        // (st.local.v2.b64): a misaligned address on the GPU (values per
+        // lane 8: ape's 8 f32 are two loads).
+        f.vectorize(l.item, std::min(kLoadItems, items)).unroll(l.item);
     }
     for (const Var &arg : f.args()) {
         if (arg.name() != l.item.name() && arg.name() != lane.name()) {
@@ -340,6 +349,30 @@ void load_lane_items(CompressPool &c, CompressLaneLoads &l, const Var &lane) {
     p.logit.compute_at(pooled, lane).store_in(MemoryType::Register).unroll(p.logit.args()[0]).unroll(p.logit.args()[1]);
 }
 
+// Halide 21's CUDA runtime launches a kernel with its shared memory as the
+// launch's dynamic size and never raises the function's limit on it
+// (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), so a block asking for
+// more than the default 48 KiB fails at cuLaunchKernel
+// (CUDA_ERROR_INVALID_VALUE) on every GPU: such a plan is not built.
+constexpr int64_t kMaxDynamicSharedBytes = 48 * 1024;
+
+// The logits' shared memory: P slots x V values x a logit's bytes a thread,
+// for every thread of the block.
+void check_logits_fit_shared_memory(const SoftmaxPool &p, const RowLayout &layout, int64_t P, int block_threads,
+                                    int unrolled_slots) {
+    const int64_t bytes = P * layout.values_per_lane * p.logit.type().bytes() * block_threads;
+    if (bytes > kMaxDynamicSharedBytes) {
+        throw CompileError("compress's logits in shared memory (P = " + std::to_string(P) +
+                           " past compress.exact_words_unrolled_slots = " + std::to_string(unrolled_slots) +
+                           "): " + std::to_string(P) + " slots x " + std::to_string(layout.values_per_lane) +
+                           " values (compress.exact_words_values) x " +
+                           std::to_string(p.logit.type().bytes()) + " bytes x " +
+                           std::to_string(block_threads) + " threads (compress.row_threads) = " +
+                           std::to_string(bytes) + " bytes a block, over the " +
+                           std::to_string(kMaxDynamicSharedBytes) + " a Halide kernel can launch with");
+    }
+}
+
 // A words kernel's pool: every slot unrolled, its items loaded up front
 // (load_lane_items), unless the exact arithmetic's pool has more than
 // `unrolled_slots` slots: there P x (8 bytes of key and of score, 16 of
@@ -363,7 +396,7 @@ void load_lane_items(CompressPool &c, CompressLaneLoads &l, const Var &lane) {
 // instructions against 2448 (8-16 B each against 2-4 B); P=16 116k against
 // 109k, 1600 loads against 8976; the same f64 fmas (10 an exp).
 void pool_words_in_warp(CompressPool &c, CompressLaneLoads &l, const RowLayout &layout, const Var &d, const Var &v,
-                        const Var &lane, LoopLevel at, int unrolled_slots) {
+                        const Var &lane, LoopLevel at, int unrolled_slots, int block_threads) {
     SoftmaxPool &p = c.pool;
     const std::optional<int64_t> P = as_const_int(p.slot.x.extent());
     if (!P) {
@@ -375,6 +408,7 @@ void pool_words_in_warp(CompressPool &c, CompressLaneLoads &l, const RowLayout &
         load_lane_items(c, l, lane);
         return;
     }
+    check_logits_fit_shared_memory(p, layout, *P, block_threads, unrolled_slots);
     const Var j = p.logit.args()[1];
     Var slot_group{"logit_slot_group"}, slot_in{"logit_slot_in_group"};
     p.logit.compute_at(c.pooled_bf16, lane)
@@ -419,7 +453,7 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
         // generator's constraint): a lane's V codes are V / 4 word stores.
         s.cache.update(0).vectorize(v);
         pool_words_in_warp(s.compress, s.lane_loads, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, pi),
-                           plan.compress_exact_words_unrolled_slots);
+                           plan.compress_exact_words_unrolled_slots, plan.compress_row_threads);
         s.cache.update(0).specialize(s.conditions.round_scale);
         return;
     }
@@ -436,7 +470,7 @@ void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) 
     rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan.compress_row_threads, pi, 1, words);
     if (words) {
         pool_words_in_warp(s.compress, s.lane_loads, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi),
-                           plan.compress_exact_words_unrolled_slots);
+                           plan.compress_exact_words_unrolled_slots, plan.compress_row_threads);
         s.out.specialize(s.conditions.round_scale);
         return;
     }

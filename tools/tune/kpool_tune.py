@@ -4,7 +4,8 @@ two machines kpool is built and measured on.
 
   plan   (build machine: Halide, no GPU) reads schedules/<family>.knobs,
          enumerates each tuning unit's legal knob values (pruned by the
-         file's `require` lines, sampled down to --max per unit), adds a
+         file's `require` lines, sampled down to --max per unit; with
+         --every-value also each legal value of each knob once), adds a
          Halide-autoscheduled candidate per unit, and builds them all into
          one tuning library next to the hand-scheduled variants (a build of
          this project with KPOOL_TUNE_CANDIDATES): BUNDLE/libkpool.so and
@@ -109,6 +110,48 @@ def enumerate_unit(knobs, names, limit, rng):
     return settings
 
 
+def every_value(knobs, unit_names):
+    """[(unit, setting)]: each legal value of each unit's knobs other than its
+    hand value, once, for the pre-flight to run (`plan --every-value`). A
+    value goes with the other knobs at their hand values where the file's
+    requires allow, else with the fewest of the knobs those requires name
+    changed too, the unit's own first. A value of a knob of both arithmetics
+    (compress.row_threads) is run in the op's exact unit as well, whose
+    kernels it also shapes."""
+    out = []
+    for unit, names in unit_names.items():
+        exact_unit = f"{unit}.exact"
+        for name in names:
+            both = exact_unit in unit_names and "triton" not in name
+            for value in knobs.legal[name]:
+                if value == knobs.values[name]:
+                    continue
+                setting = legal_setting(knobs, {name: value}, names)
+                if setting is None:
+                    continue  # no setting of the file holds this value
+                out += [(u, setting) for u in [unit] + ([exact_unit] if both else [])]
+    return out
+
+
+def legal_setting(knobs, wanted, prefer=()):
+    """`wanted` with the fewest other knobs changed from their hand values
+    (only knobs named by the requires it breaks; of as many, those in
+    `prefer` rather than others) so that the file's requires hold; None if
+    none does."""
+    values = {**knobs.values, **wanted}
+    failed = [e for _, e in knobs.requires if not knobs_file.evaluate(e, values)]
+    if not failed:
+        return dict(wanted)
+    free = sorted({n for e in failed for n in knobs_file.names_in(e) if n in knobs.values and n not in wanted})
+    best = None
+    for combo in itertools.product(*(knobs.legal[n] for n in free)):
+        s = {**wanted, **{n: v for n, v in zip(free, combo) if v != knobs.values[n]}}
+        cost = (len(s), sum(n not in prefer for n in s))
+        if knobs.satisfies({**knobs.values, **s}) and (best is None or cost < best[0]):
+            best = cost, s
+    return best and best[1]
+
+
 def knob_string(knobs):
     return knobs_file.wire(knobs)
 
@@ -169,11 +212,15 @@ def plan(a):
     values = knobs.values
     rng = random.Random(a.seed)
     candidates = []
-    for unit, names in units(knobs).items():
-        if a.units and unit not in a.units:
-            continue
+    tuned = {u: names for u, names in units(knobs).items() if not a.units or u in a.units}
+    by_unit = {unit: enumerate_unit(knobs, names, a.max, rng) for unit, names in tuned.items()}
+    if a.every_value:
+        for unit, s in every_value(knobs, tuned):
+            if s not in by_unit[unit]:
+                by_unit[unit].append(s)
+    for unit in tuned:
         arith = arithmetic_of(a.family, unit)
-        for s in enumerate_unit(knobs, names, a.max, rng):
+        for s in by_unit[unit]:
             candidates.append(dict(id=len(candidates), unit=unit, arithmetic=arith, changed=s, knobs={**values, **s}))
         if not a.no_autoscheduler:
             candidates.append(dict(id=len(candidates), unit=unit, arithmetic=arith, changed={}, knobs=values,
@@ -874,6 +921,9 @@ def main(argv=None):
     pl.add_argument("--max", type=int, default=16, help="candidates per unit at most (sampled)")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--no-autoscheduler", action="store_true")
+    pl.add_argument("--every-value", action="store_true",
+                    help="also each legal value of each knob once (with --max 0: only those), so that the "
+                         "pre-flight runs every value the knobs file calls legal")
     pl.add_argument("--autoschedule-timeout", type=float, default=240, help="seconds per autoscheduled kernel")
     pl.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     pl.add_argument("--cmake", default=shutil.which("cmake") or "cmake")

@@ -6,6 +6,7 @@ the real candidates of that bundle."""
 
 import ctypes
 import faulthandler
+import itertools
 import json
 import os
 import random
@@ -45,8 +46,8 @@ def test_the_reader_rejects_what_the_configure_must(tmp_path):
         return re.sub(rf"^{re.escape(name)} = \S+ ", f"{name} = {value} ", text, count=1, flags=re.M)
 
     cases = {
-        "require fwht.run <= fwht.values does not hold for fwht.run = 8, fwht.values = 4":
-            with_value(with_value(good, "fwht.values", 4), "fwht.run", 8),
+        "require fwht.run <= fwht.values does not hold for fwht.run = 16, fwht.values = 8":
+            with_value(with_value(good, "fwht.values", 8), "fwht.run", 16),
         "fwht.run = 5 is not among its legal values": with_value(good, "fwht.run", 5),
         "fwht.run given twice": good + "fwht.run = 4 : 4\n",
         "not \"name = value : legal values\"": good + "fwht.run 4\n",
@@ -97,6 +98,69 @@ def test_enumeration_prunes_by_requires_and_leaves_out_the_hand_values():
     assert 0 < len(settings) < full - 1  # some pruned
     sampled = kt.enumerate_unit(knobs, names, 5, random.Random(0))
     assert len(sampled) == 5 and all(s in settings for s in sampled)
+
+
+def test_every_value_runs_each_legal_value_once_within_the_requires():
+    for family in FAMILIES:
+        knobs = read(family)
+        u = kt.units(knobs)
+        settings = kt.every_value(knobs, u)
+        assert all(knobs.satisfies({**knobs.values, **s}) for _, s in settings)
+        for unit, names in u.items():
+            for name in names:
+                seen = sorted({s[name] for x, s in settings if x == unit and name in s and
+                               s[name] != knobs.values[name]})
+                assert seen == sorted(v for v in knobs.legal[name] if v != knobs.values[name]), (family, name)
+    knobs = read("sm90")
+    settings = kt.every_value(knobs, kt.units(knobs))
+    # 8 values a lane do not fit shared memory with 4 unrolled slots (a
+    # require): the unit's own knob moves, not compress.row_threads.
+    v8 = [s for u, s in settings if s.get("compress.exact_words_values") == 8]
+    assert v8 == [{"compress.exact_words_values": 8, "compress.exact_words_unrolled_slots": 16}]
+    # A knob of both arithmetics runs in both units; a triton one in the triton unit only.
+    assert {u for u, s in settings if s.get("compress.row_threads") == 512} == {"compress", "compress.exact"}
+    assert {u for u, s in settings if "compress.triton_values" in s} == {"compress"}
+
+
+def test_the_knobs_files_keep_compress_logits_within_48_kib_of_shared_memory():
+    """The generator refuses a words kernel whose P x V f32 logits a thread
+    (past exact_words_unrolled_slots) take more than 48 KiB a block: the
+    require lines keep every legal combination under it at P = 16."""
+    for family in FAMILIES:
+        knobs = read(family)
+        if "compress.exact_words_values" not in knobs.values:
+            continue
+        names = ["compress.row_threads", "compress.exact_words_values", "compress.exact_words_unrolled_slots"]
+        for combo in itertools.product(*(knobs.legal[n] for n in names)):
+            threads, values, unrolled = combo
+            legal = knobs.satisfies({**knobs.values, **dict(zip(names, combo))})
+            assert legal == (unrolled >= 16 or threads * values * 16 * 4 <= 48 * 1024), (family, combo)
+
+
+def test_launch_bounds_read_from_the_stmt_and_ptxas():
+    """every_value_builds.py's launch check, on the forms Halide 21's stmt
+    and ptxas -v write: a grid size with commas of its own, the block's
+    threads, its shared memory as an expression, a block the call sizes
+    (not checked); each limit broken once."""
+    import every_value_builds as ev
+    stmt = ('let r = halide_cuda_run(cuda[0], "_kernel_a", max(t1, (t2 + 3)), 1, 1, 32, 32, 1, 0 + (8192*4), '
+            '(void *)make_struct((int64)8))\n'
+            'let q = halide_cuda_run(cuda[0], "_kernel_b", t9, 1, 1, 16, 8, 1, 0 + (16384*4), (void *)make_struct())\n'
+            'let z = halide_cuda_run(cuda[0], "_kernel_c", t9, 1, 1, n, 8, 1, 0, (void *)make_struct())\n')
+    assert ev.launches(stmt) == {"_kernel_a": (1024, 32768), "_kernel_b": (128, 65536), "_kernel_c": (None, 0)}
+    report = ("ptxas info    : Compiling entry function '_kernel_a' for 'sm_90'\n"
+              "ptxas info    : Used 57 registers, used 0 barriers\n"
+              "ptxas info    : Compiling entry function '_kernel_b' for 'sm_90'\n"
+              "ptxas info    : Used 128 registers, used 1 barriers\n")
+    assert ev.registers(report) == {"_kernel_a": 57, "_kernel_b": 128}
+    # 57 registers a thread take 64 (a warp's in units of 256): 64 x 1024 = 65536, at the limit.
+    assert ev.launch_bounds_errors(stmt, report) == [
+        "_kernel_b: 65536 bytes of shared memory a block, over 49152"]
+    assert ev.launch_bounds_errors(stmt, report.replace("57 registers", "65 registers")) == [
+        "_kernel_a: 65 registers x 1024 threads = 73728 a block, over 65536",
+        "_kernel_b: 65536 bytes of shared memory a block, over 49152"]
+    assert ev.launch_bounds_errors(stmt.replace("32, 32, 1", "64, 32, 1"), report)[0] == \
+        "_kernel_a: 2048 threads a block, over 1024"
 
 
 def test_cmake_line_names_the_candidate():
