@@ -262,6 +262,7 @@ public:
             return;
         }
         stages.cache = cache;
+        stages.pipeline = get_pipeline();
         schedule_decode_write(stages, build_plan());
     }
 
@@ -334,6 +335,7 @@ public:
             return;
         }
         stages.write.cache = cache;
+        stages.write.pipeline = get_pipeline();
         stages.stashes.tail = tail_out;
         stages.layout = layout;
         schedule_decode_update(stages, build_plan());
