@@ -574,8 +574,8 @@ namespace {
 // The lowering pass of block_barriers.h, on the generator's pipeline.
 void add_block_uniform_barriers(DecodeWriteStages &s, const CudaPlan &plan) {
     if (!s.pipeline.defined()) {
-        throw CompileError("decode's CUDA schedule adds a lowering pass: the generator sets DecodeWriteStages::pipeline "
-                           "(get_pipeline()) before scheduling");
+        throw CompileError("decode's CUDA schedule adds a lowering pass: the generator sets "
+                           "DecodeWriteStages::pipeline (get_pipeline()) before scheduling");
     }
     s.pipeline.add_custom_lowering_pass(new BlockUniformBarriers(plan.decode_drop_private_barriers));
 }

@@ -21,7 +21,8 @@ A budgets file holds one line per kernel group:
 
     <glob over the kernel's name without kpool_<family>_> : elements <expr>
         [: instructions_per_element <= N] [: load_bytes >= N] [: store_bytes >= N]
-        [: spill_bytes <= N] [: registers <= N] [: barriers <= N] [: loop_barriers <= N]
+        [: spill_bytes <= N] [: registers <= N]
+        [: barriers <= N] [: loop_barriers <= N]
 
 `elements` is how many elements one thread handles (the unit of
 instructions per element), an expression over the family's knobs (dots
