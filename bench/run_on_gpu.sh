@@ -4,7 +4,8 @@
 # Python side-by-side test, the torch custom operators under torch.compile
 # (CUDA graphs), the host time per call from Python, the benchmark in the
 # exact arithmetic, compute-sanitizer (memcheck on the replay of the fuzz
-# corpus, racecheck and memcheck on the GPU tests), and (with
+# corpus, racecheck and memcheck on the GPU tests, synccheck on the decode
+# tests), and (with
 # --profile) Nsight Compute on the large cases, and the schedule tuner when a
 # tuning bundle came along. Everything is built and packed here first (the
 # Triton reference is never part of the project: copy it into the ignored
@@ -120,6 +121,12 @@ for tool in racecheck memcheck; do
         build/tests/kpool_tests --gtest_filter='Gpu*:-*Many*' --gtest_brief=1
     while read -r line; do summary+=("  $line"); done < <(grep -E 'SUMMARY|^\[  (PASSED|FAILED)' "$out/$tool.log" | head -8)
 done
+# synccheck over the decode tests: the warp-per-token kernels' barriers sit
+# under block-uniform conditions (schedules/block_barriers.h), which a
+# divergent barrier would break.
+step "compute-sanitizer synccheck (decode GPU tests but *Many*)" synccheck.log "${sanitizer[@]}" --tool synccheck \
+    build/tests/kpool_tests --gtest_filter='*GpuDecode*:-*Many*' --gtest_brief=1
+while read -r line; do summary+=("  $line"); done < <(grep -E 'SUMMARY|^\[  (PASSED|FAILED)' "$out/synccheck.log" | head -8)
 
 step "host overhead per call (ours vs the reference's launch)" host_overhead.log \
     python3 bench/host_overhead.py --out "$out/kpool_host_overhead.json"

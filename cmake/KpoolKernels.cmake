@@ -94,6 +94,11 @@ function(kpool_add_kernel function)
         endif ()
     endif ()
     list(APPEND params knobs=${knobs})
+    # The generator's command line for this variant, for tests that emit
+    # its lowered Stmt (-e conceptual_stmt).
+    list(JOIN features "-" feature_list)
+    set_property(GLOBAL PROPERTY KPOOL_GENERATOR_ARGS_${function}
+                 -g ${ARG_GENERATOR} target=${KPOOL_CPU_TARGET}-${feature_list}-no_runtime ${params})
     set(extra_outputs)
     if (KPOOL_INSPECT)
         set(extra_outputs STMT_HTML ASSEMBLY)

@@ -289,6 +289,7 @@ public:
             return;
         }
         stages.cache = cache;
+        stages.pipeline = get_pipeline();
         schedule_decode_write(stages, build_plan());
     }
 
@@ -363,6 +364,7 @@ public:
             return;
         }
         stages.write.cache = cache;
+        stages.write.pipeline = get_pipeline();
         stages.stashes.tail = tail_out;
         stages.layout = layout;
         schedule_decode_update(stages, this->build_plan());

@@ -195,6 +195,8 @@ struct DecodeWriteStages {
     // Ring and cache page both powers of two: a schedule that specializes
     // on it keeps only shifts and masks there (Divisor), no division.
     Expr pow2_ring_and_page;
+    // The generator's pipeline, for a schedule's lowering passes.
+    Halide::Pipeline pipeline;
 };
 struct DecodeStashStages {
     Func tail;

@@ -9,6 +9,7 @@
 // go to grid x: grid y and z stop at 65535.
 #include "cuda.h"
 
+#include "block_barriers.h"
 #include "knobs.h"
 
 #include <algorithm>
@@ -65,6 +66,10 @@ struct CudaPlan : KnobReader {
     // warp 0 rotating, 64 x 2 5.09 -> 6.19: each lane stage of the rotation
     // ends in a block barrier the pooling warps must reach.)
     bool decode_exact_pool_per_element = flag("decode.exact_pool_per_element");
+    // Decode's barriers between block-level stages that keep to their
+    // threads' own memory are dropped (block_barriers.h): fewer barriers
+    // per completion, but ptxas then schedules across the stages.
+    bool decode_drop_private_barriers = flag("decode.drop_private_barriers");
     // Decode's exact pool per element unrolls its slot folds (a call is
     // latency-bound) up to this many slots, past it in unrolled groups of
     // decode_exact_slot_group (pools in lanes: decode_lane_unrolled_slots).
@@ -600,6 +605,15 @@ void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token
 
 namespace {
 
+// The lowering pass of block_barriers.h, on the generator's pipeline.
+void add_block_uniform_barriers(DecodeWriteStages &s, const CudaPlan &plan) {
+    if (!s.pipeline.defined()) {
+        throw CompileError("decode's CUDA schedule adds a lowering pass: the generator sets "
+                           "DecodeWriteStages::pipeline (get_pipeline()) before scheduling");
+    }
+    s.pipeline.add_custom_lowering_pass(new BlockUniformBarriers(plan.decode_drop_private_barriers));
+}
+
 // The completions of a decode kernel, in either layout: requests in grid x
 // (RVar "request_block", where the stashes fuse), their pools in the lanes
 // of a warp (or, exact arithmetic per token, an element per thread).
@@ -649,7 +663,9 @@ Stage schedule_completions(DecodeWriteStages &w, const CudaPlan &plan, bool per_
 // launch of this kernel, then the stashes once (kpool_decode_stash_tail):
 // the warp-per-token layout's completions.
 void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
-    schedule_completions(s, plan_for(build), false, false).specialize(s.pow2_ring_and_page);
+    const CudaPlan plan = plan_for(build);
+    schedule_completions(s, plan, false, false).specialize(s.pow2_ring_and_page);
+    add_block_uniform_barriers(s, plan);
 }
 
 // CUDA runs decode as one kernel, kpool_decode_update (below), except where
@@ -663,7 +679,12 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
 //   element per thread (pool_per_element); in the triton arithmetic, whose
 //   pool is short, a warp per token, decode_tokens_per_block tokens at a
 //   time (pool_in_lanes). Then, after the block barrier that Halide puts
-//   between the two loop nests, the stashes: a warp per token.
+//   between the two loop nests, the stashes: a warp per token. The exact
+//   arithmetic's token loop passes 3 barriers per completing token (after
+//   the pool's shared stores, after the rotating warp's shared loads, the
+//   iteration's last) with decode_drop_private_barriers, 19 without, and 1
+//   per token that completes nothing either way, where Halide's 19 are
+//   passed by every token (BlockUniformBarriers, block_barriers.h).
 // - WarpPerRequest: decode_requests_per_block requests per block, a warp
 //   each: first every token's indices into shared memory (a lane per token,
 //   one round of loads, then a barrier), then the warp walks its tokens in
@@ -783,6 +804,10 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
             .partition(chunk, Partition::Never);
     }
     completions.specialize(w.pow2_ring_and_page);
+    // A token's stages run under their shared skip condition, barriers
+    // included, and no barrier between stages that share no memory across
+    // threads (schedules/block_barriers.h): Halide puts one between every two.
+    add_block_uniform_barriers(w, plan);
 }
 
 // Every token of a request's block of tokens is a warp, each lane moving 4

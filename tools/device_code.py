@@ -10,8 +10,10 @@ library embeds (assembled by the build's ptxas for the family's target with
 the register cap the runtime gives the driver's JIT: cmake/ptx_for_family.py
 keeps each cubin and ptxas -v's report next to the kernel's object):
 registers, spill bytes, SASS instructions per thread, instructions per element
-a thread handles, and global and shared memory instructions by bytes per
-instruction. `report` prints the table; `check` also holds every kernel to
+a thread handles, global and shared memory instructions by bytes per
+instruction, and block barriers (BAR instructions): in the kernel, and the
+most in the body of one loop (a backward branch's span: in a decode kernel,
+the barriers every thread passes per token, completing or not). `report` prints the table; `check` also holds every kernel to
 its family's budgets (schedules/<family>.budgets) and fails naming the kernel,
 the figure and the budget; `--json` writes the figures (and verdicts).
 
@@ -20,6 +22,7 @@ A budgets file holds one line per kernel group:
     <glob over the kernel's name without kpool_<family>_> : elements <expr>
         [: instructions_per_element <= N] [: load_bytes >= N] [: store_bytes >= N]
         [: spill_bytes <= N] [: registers <= N]
+        [: barriers <= N] [: loop_barriers <= N]
 
 `elements` is how many elements one thread handles (the unit of
 instructions per element), an expression over the family's knobs (dots
@@ -27,6 +30,9 @@ allowed: fwht.values) and P, the kernel's pool size; the first line whose
 glob matches a kernel applies, and a kernel no line matches fails the check.
 load_bytes / store_bytes: the bytes a thread's global load (store)
 instructions move, per instruction (static: each instruction once).
+barriers / loop_barriers: BAR instructions (bar.sync and its kin) in the
+kernel, and in the one loop body that holds the most (static: a barrier a
+branch skips still counts; one no branch skips is passed by every thread).
 """
 import argparse
 import concurrent.futures
@@ -41,9 +47,10 @@ import sys
 GLOBAL = {"LDG": "load", "STG": "store"}
 SHARED = {"LDS": "shared load", "STS": "shared store"}
 WIDTH = {"8": 1, "U8": 1, "S8": 1, "16": 2, "U16": 2, "S16": 2, "64": 8, "128": 16}
-FIGURES = ("instructions_per_element", "load_bytes", "store_bytes", "spill_bytes", "registers")
+FIGURES = ("instructions_per_element", "load_bytes", "store_bytes", "spill_bytes", "registers", "barriers",
+           "loop_barriers")
 LIMIT_IS_MAX = {"instructions_per_element": True, "spill_bytes": True, "registers": True,
-                "load_bytes": False, "store_bytes": False}
+                "load_bytes": False, "store_bytes": False, "barriers": True, "loop_barriers": True}
 
 
 def tool(name, build_dir):
@@ -75,20 +82,48 @@ def memory_width(op):
     return 4
 
 
-def sass_functions(cuobjdump, cubin):
-    """{entry: [opcode with modifiers, ...]} from cuobjdump -sass (NOP padding left out)."""
-    out = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+def parse_sass(text):
+    """{entry: [(offset, opcode with modifiers, branch target or None), ...]} from
+    cuobjdump -sass's text (NOP padding left out)."""
     functions, current = {}, None
-    for line in out.splitlines():
+    for line in text.splitlines():
         m = re.match(r"\s*Function : (\S+)", line)
         if m:
             current = functions.setdefault(m.group(1), [])
             continue
         # Offsets past 0xfff0 (kernels of more than 4096 instructions) print 5 digits.
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
-        if m and current is not None and m.group(2) != "NOP":
-            current.append(m.group(2))
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", line)
+        if m and current is not None and m.group(3) != "NOP":
+            target = None
+            if m.group(3).split(".")[0] == "BRA":
+                t = re.search(r"0x([0-9a-f]+)\s*$", m.group(4))
+                target = int(t.group(1), 16) if t else None
+            current.append((int(m.group(1), 16), m.group(3), target))
     return functions
+
+
+def sass_functions(cuobjdump, cubin):
+    """parse_sass of a cubin."""
+    out = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    return parse_sass(out)
+
+
+def is_barrier(op):
+    """A block barrier: BAR.SYNC (.DEFER_BLOCKING), BAR.ARV, BAR.RED, BAR.SYNCALL (not the
+    warp's WARPSYNC or the convergence barriers BSSY/BSYNC)."""
+    return op.split(".")[0] == "BAR"
+
+
+def barrier_counts(instructions):
+    """(BAR instructions in the entry, the most BAR instructions in one loop body).
+    A loop body is a backward branch's span, [target, branch]; an outer loop's span
+    holds its inner loops', so the most is the outermost loop that has barriers."""
+    bars = [offset for offset, op, _ in instructions if is_barrier(op)]
+    most = 0
+    for offset, op, target in instructions:
+        if target is not None and target < offset:
+            most = max(most, sum(1 for b in bars if target <= b <= offset))
+    return len(bars), most
 
 
 def ptxas_report(path):
@@ -125,7 +160,9 @@ def kernel_figures(build_dir, families):
     rows = []
     for (variant, family, cubin), functions in zip(modules, sass):
         resources = ptxas_report(cubin + ".ptxas")
-        for entry, ops in functions.items():
+        for entry, instructions in functions.items():
+            ops = [op for _, op, _ in instructions]
+            barriers, loop_barriers = barrier_counts(instructions)
             memory = {}
             for op in ops:
                 kind = GLOBAL.get(op.split(".")[0]) or SHARED.get(op.split(".")[0])
@@ -137,6 +174,7 @@ def kernel_figures(build_dir, families):
             registers, spills = resources.get(entry, (None, None))
             rows.append({"kernel": variant, "family": family, "entry": entry,
                          "registers": registers, "spill_bytes": spills, "instructions": len(ops),
+                         "barriers": barriers, "loop_barriers": loop_barriers,
                          "load_bytes": round(sum(loads) / len(loads), 2) if loads else None,
                          "store_bytes": round(sum(stores) / len(stores), 2) if stores else None,
                          "memory": dict(sorted(memory.items()))})
@@ -203,13 +241,15 @@ def apply_budgets(rows, knobs_dir):
 
 
 def table(rows):
-    header = ("kernel", "regs", "spill B", "SASS", "elem", "SASS/elem", "global and shared memory (bytes x count)")
+    header = ("kernel", "regs", "spill B", "SASS", "elem", "SASS/elem", "BAR", "BAR/loop",
+              "global and shared memory (bytes x count)")
     lines = [header]
     for r in rows:
         memory = ", ".join(f"{k} x {v}" for k, v in r["memory"].items())
         lines.append((f"{r['kernel']} [..{r['entry'][-24:]}]", str(r["registers"]), str(r["spill_bytes"]),
                       str(r["instructions"]), f"{r.get('elements', '?')}",
-                      f"{r.get('instructions_per_element', '?')}", memory))
+                      f"{r.get('instructions_per_element', '?')}", str(r["barriers"]), str(r["loop_barriers"]),
+                      memory))
     widths = [max(len(l[i]) for l in lines) for i in range(len(header) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(l, widths)) + "  " + l[-1] for l in lines)
 
@@ -228,6 +268,8 @@ def write_budgets(rows, family):
         if stores:
             limits.append(f"store_bytes >= {min(stores):g}")
         limits.append(f"spill_bytes <= {max(r['spill_bytes'] or 0 for r in entries)}")
+        limits.append(f"barriers <= {max(r['barriers'] for r in entries)}")
+        limits.append(f"loop_barriers <= {max(r['loop_barriers'] for r in entries)}")
         out.append(f"{name} : elements {entries[0]['elements_expr']} : " + " : ".join(limits))
     return "\n".join(out)
 
