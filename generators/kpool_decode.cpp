@@ -364,7 +364,7 @@ public:
             return;
         }
         stages.write.cache = cache;
-        stages.write.pipeline = get_pipeline();
+        stages.write.pipeline = this->get_pipeline();
         stages.stashes.tail = tail_out;
         stages.layout = layout;
         schedule_decode_update(stages, this->build_plan());
