@@ -245,15 +245,21 @@ def get_arithmetic() -> str:
     return _arithmetic.get()
 
 
+_ARITHMETIC_CODES = _lib.ARITHMETICS
+
+
 def context_arithmetic_code() -> int:
     """The kpool_arithmetic code of this context's default."""
-    return _lib.ARITHMETICS[_arithmetic.get()]
+    return _ARITHMETIC_CODES[_arithmetic.get()]
 
 
 def arithmetic_code(name=None) -> int:
     """The kpool_arithmetic code of a call's ``arithmetic`` argument: its
     name, or None for this context's default."""
-    return context_arithmetic_code() if name is None else _lib.ARITHMETICS[_checked_arithmetic(name)]
+    if name is None:
+        return _ARITHMETIC_CODES[_arithmetic.get()]
+    code = _ARITHMETIC_CODES.get(name) if isinstance(name, str) else None
+    return code if code is not None else _ARITHMETIC_CODES[_checked_arithmetic(name)]
 
 
 # The words CUDA calls mark out-of-range indices in (kpool.h,
