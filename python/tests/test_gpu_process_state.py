@@ -192,8 +192,13 @@ def test_forked_child_after_cuda_init_fails_fast():
         if pid == 0:
             code = 1
             try:
+                # torch refuses its own CUDA calls after a fork (the current
+                # stream's getter among them): kpool's calls on the legacy
+                # stream, through ctypes, show what kpool itself does.
+                kpool._tensors._raw_stream = lambda index: 0
                 calls = (lambda: kpool.cuda_warm_up(0),
-                         lambda: kpool.kpool_compress_and_write_cache(kv, slot_k, slot_score, ape, loc, 4))
+                         lambda: kpool._calls.ctypes_calls.compress_and_write_cache(
+                             kv, slot_k, slot_score, ape, loc, None, None, None, 4, 128, 1, 1))
                 for call in calls:
                     try:
                         call()
