@@ -102,6 +102,16 @@ step "torch ops: opcheck, torch.compile fullgraph + reduce-overhead, engine modu
     python/tests/test_gpu_host_path.py -q -p no:cacheprovider
 summary+=("  $(tail -1 "$out/torch_compile.log")")
 while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR)' "$out/torch_compile.log" | head -10)
+step "process state: two arithmetics on two streams (eager, captured), index-error words per device, a first call inside a capture, a child after fork" \
+    process_state.log python3 -m pytest python/tests/test_process_state.py python/tests/test_gpu_process_state.py \
+    -q -p no:cacheprovider
+summary+=("  $(tail -1 "$out/process_state.log")")
+while read -r line; do summary+=("  $line"); done < <(grep -E '^(FAILED|ERROR)' "$out/process_state.log" | head -10)
+step "compute-sanitizer memcheck (index-error words replaced after a capture, replayed)" memcheck_index_words.log \
+    timeout "${KPOOL_SANITIZER_S:-100}" compute-sanitizer --error-exitcode 1 --tool memcheck \
+    python3 -m pytest python/tests/test_gpu_process_state.py -q -p no:cacheprovider -k index_error_words
+while read -r line; do summary+=("  $line"); done < <(grep -E 'ERROR SUMMARY|passed|failed' \
+    "$out/memcheck_index_words.log" | head -4)
 # compute-sanitizer, each run capped at KPOOL_SANITIZER_S seconds (default
 # 100; a capped run reports rc=124): memcheck on the CUDA replay of the fuzz
 # corpus (hostile calls through device memory; KPOOL_FUZZ_REPLAY_LIMIT

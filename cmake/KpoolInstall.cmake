@@ -7,7 +7,7 @@
 #                                      one object whose only global kpool and Halide symbols are
 #                                      the C API (cmake/kpool.map)
 #   lib/libkpool.so[.0.1[.0]]          the same as one shared object, exporting the C API only
-#                                      (version script cmake/kpool.map; SONAME libkpool.so.0.1)
+#                                      (version script cmake/kpool.map; SONAME libkpool.so.0.1.<build>)
 #   lib/cmake/kpool/                   find_package(kpool CONFIG): kpool::kpool (the archive)
 #                                      and kpool::kpool_shared
 #   lib/pkgconfig/kpool.pc             pkg-config --cflags --libs kpool (--static: the archive)

@@ -1,6 +1,10 @@
 #include "cuda_device.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -28,6 +32,7 @@ struct Driver {
     CUresult (*cuDeviceGet)(CUdevice *, int);
     CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
     CUresult (*cuDevicePrimaryCtxRetain)(void **, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
     CUresult (*cuCtxPushCurrent)(void *);
     CUresult (*cuCtxPopCurrent)(void **);
     CUresult (*cuMemAlloc)(uint64_t *, size_t);
@@ -35,8 +40,18 @@ struct Driver {
     CUresult (*cuMemcpyDtoHAsync)(void *, uint64_t, size_t, void *);
     CUresult (*cuMemsetD32Async)(uint64_t, unsigned, size_t, void *);
     CUresult (*cuStreamSynchronize)(void *);
+    CUresult (*cuStreamIsCapturing)(void *, int *);  // CUstreamCaptureStatus: 0 none, 1 active, 2 invalidated
     bool loaded = false;
 };
+
+// The process whose cuInit the driver's state belongs to, and whether this
+// process is a fork of it: a child inherits kpool's devices and Halide's
+// modules but not the driver's contexts or threads, so nothing it queued
+// would run (CUDA does not support a fork after cuInit).
+pid_t cuda_initialized_in = 0;
+std::atomic<bool> inherited_cuda{false};
+
+void mark_fork_child() { inherited_cuda.store(true, std::memory_order_relaxed); }
 
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
@@ -63,7 +78,13 @@ const Driver &driver() {
                    bind(lib, "cuMemcpyHtoD_v2", r.cuMemcpyHtoD) &&
                    bind(lib, "cuMemcpyDtoHAsync_v2", r.cuMemcpyDtoHAsync) &&
                    bind(lib, "cuMemsetD32Async", r.cuMemsetD32Async) &&
-                   bind(lib, "cuStreamSynchronize", r.cuStreamSynchronize) && r.cuInit(0) == 0;
+                   bind(lib, "cuStreamSynchronize", r.cuStreamSynchronize) &&
+                   bind(lib, "cuDevicePrimaryCtxRelease_v2", r.cuDevicePrimaryCtxRelease) &&
+                   bind(lib, "cuStreamIsCapturing", r.cuStreamIsCapturing) && r.cuInit(0) == 0;
+        if (r.loaded) {
+            cuda_initialized_in = getpid();
+            pthread_atfork(nullptr, nullptr, &mark_fork_child);
+        }
         return r;
     }();
     return d;
@@ -153,24 +174,39 @@ Family family_of(const char *arg, int index, int major, int minor) {
     return newest->family;
 }
 
-CudaDevice init_device(int index, const char *arg) {
+// Opens device `index` into `c`; on failure releases the primary context
+// it retained (a retry retains it again).
+void init_device(CudaDevice &c, int index, const char *arg) {
     const Driver &d = driver();
     CUdevice dev = 0;
-    CudaDevice c{index, nullptr, 0, 0, Family::cpu, nullptr};  // family: set below
+    c.index = index;
     if (d.cuDeviceGet(&dev, index) != 0 || d.cuDevicePrimaryCtxRetain(&c.primary_context, dev) != 0) {
         throw device_error() << arg << " is on cuda:" << index << ", which the driver cannot open";
     }
-    d.cuDeviceGetAttribute(&c.major, kAttrComputeCapabilityMajor, dev);
-    d.cuDeviceGetAttribute(&c.minor, kAttrComputeCapabilityMinor, dev);
-    c.family = family_of(arg, index, c.major, c.minor);
-    const KernelConstants host;
-    const uint64_t dptr = device_copy_of(c.primary_context, &host, sizeof(host));
-    if (dptr == 0) {
-        throw device_error() << "cuda:" << index << ": could not allocate kpool's constants";
+    try {
+        d.cuDeviceGetAttribute(&c.major, kAttrComputeCapabilityMajor, dev);
+        d.cuDeviceGetAttribute(&c.minor, kAttrComputeCapabilityMinor, dev);
+        c.family = family_of(arg, index, c.major, c.minor);
+        const KernelConstants host;
+        const uint64_t dptr = device_copy_of(c.primary_context, &host, sizeof(host));
+        if (dptr == 0) {
+            throw device_error() << "cuda:" << index << ": could not allocate kpool's constants";
+        }
+        c.constants = reinterpret_cast<void *>(dptr);
+    } catch (...) {
+        d.cuDevicePrimaryCtxRelease(dev);
+        c.primary_context = nullptr;
+        throw;
     }
-    c.constants = reinterpret_cast<void *>(dptr);
-    return c;
 }
+
+// One device's state: initialized once, under a lock of its own (a slow
+// device's first call holds up no other's).
+struct DeviceSlot {
+    std::mutex init;
+    std::atomic<const CudaDevice *> ready{nullptr};
+    std::unique_ptr<CudaDevice> device;
+};
 
 // Read once: the devices a process sees are fixed when the driver starts
 // (CUDA_VISIBLE_DEVICES), and every device call asks.
@@ -187,26 +223,73 @@ int device_count() {
 
 bool cuda_available() { return device_count() > 0; }
 
-const CudaDevice &cuda_device(int index, const char *arg) {
+const CudaDevice &cuda_device(int index, const char *arg, void *stream) {
     static std::once_flag hooks;
-    static std::mutex mutex;
-    static std::vector<std::unique_ptr<CudaDevice>> devices;
     if (!cuda_available()) {
         throw device_error() << arg << " is on cuda:" << index << ", but no CUDA driver or device is present";
+    }
+    if (inherited_cuda.load(std::memory_order_relaxed)) {
+        throw device_error() << arg << " is on cuda:" << index << ", but this process (" << getpid()
+                             << ") is a fork of process " << cuda_initialized_in
+                             << ", which had initialized CUDA: a child cannot use its parent's CUDA state (start "
+                                "workers with the 'spawn' method, or fork before the first CUDA call)";
     }
     const int count = device_count();
     if (index < 0 || index >= count) {
         throw invalid() << arg << " is on cuda:" << index << ", but there are " << count << " CUDA devices";
     }
+    static std::vector<DeviceSlot> slots(count);
+    DeviceSlot &slot = slots[index];
+    if (const CudaDevice *ready = slot.ready.load(std::memory_order_acquire)) {
+        return *ready;
+    }
     std::call_once(hooks, install_context_hooks);
-    std::lock_guard<std::mutex> lock(mutex);
-    if (devices.size() < static_cast<size_t>(count)) {
-        devices.resize(count);
+    std::lock_guard<std::mutex> lock(slot.init);
+    if (!slot.device) {
+        int capture = 0;
+        if (stream != nullptr && driver().cuStreamIsCapturing(stream, &capture) == 0 && capture != 0) {
+            throw device_error() << arg << " is on cuda:" << index << ", whose first kpool call allocates and "
+                                 << "copies kpool's constants, but its stream is capturing a CUDA graph: call "
+                                 << "kpool_cuda_warm_up (Python: kpool.cuda_warm_up) on the device before capturing";
+        }
+        auto device = std::make_unique<CudaDevice>();
+        init_device(*device, index, arg);
+        slot.device = std::move(device);
+        slot.ready.store(slot.device.get(), std::memory_order_release);
     }
-    if (!devices[index]) {
-        devices[index] = std::make_unique<CudaDevice>(init_device(index, arg));
+    return *slot.device;
+}
+
+bool LoadedKernels::contains(AnyKernel kernel) const {
+    if (all()) {
+        return true;
     }
-    return *devices[index];
+    std::lock_guard<std::mutex> lock(mutex_);
+    return kernels_.count(kernel) != 0;
+}
+
+void LoadedKernels::insert(AnyKernel kernel) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    kernels_.insert(kernel);
+}
+
+bool stream_is_capturing(const CudaDevice &device, void *stream) {
+    // The legacy default stream (NULL) cannot capture.
+    if (stream == nullptr) {
+        return false;
+    }
+    CurrentContext current(device.primary_context);
+    int capture = 0;
+    return driver().cuStreamIsCapturing(stream, &capture) == 0 && capture != 0;
+}
+
+void require_not_capturing_to_load(const CudaDevice &device, void *stream, const char *what) {
+    if (stream_is_capturing(device, stream)) {
+        throw device_error() << what << ": the kernel's first launch on cuda:" << device.index
+                             << " loads its module, which a CUDA-graph capture cannot contain, and the stream "
+                             << "is capturing: call kpool_cuda_warm_up (Python: kpool.cuda_warm_up) on the device "
+                             << "before capturing";
+    }
 }
 
 void *device_scratch(const CudaDevice &device, size_t bytes) {

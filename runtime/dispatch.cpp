@@ -1,7 +1,10 @@
 #include "dispatch.h"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 #include "kpool_variants.inc"
@@ -124,10 +127,50 @@ void keep_halide_message(void *, const char *message) { halide_message = message
 }  // namespace
 
 void check_halide(int result, const char *op) {
+    std::string message;
+    message.swap(halide_message);  // a later call must not show this call's text
     if (result != 0) {
-        throw internal_error() << op << ": the kernel failed with Halide error " << result << ": " << halide_message;
+        throw internal_error() << op << ": the kernel failed with Halide error " << result << ": " << message;
     }
 }
+
+namespace {
+// CPU kernels running now, and whether a fork is waiting for them to end.
+std::atomic<int> host_kernels_running{0};
+std::atomic<bool> forking{false};
+
+void before_fork() {
+    forking.store(true);
+    while (host_kernels_running.load() != 0) {
+        std::this_thread::yield();
+    }
+    halide_shutdown_thread_pool();
+}
+
+void after_fork() { forking.store(false); }
+
+void after_fork_in_child() {
+    host_kernels_running.store(0);  // (the threads that ran them are not in the child)
+    forking.store(false);
+}
+
+[[maybe_unused]] const int fork_handlers = pthread_atfork(&before_fork, &after_fork, &after_fork_in_child);
+}  // namespace
+
+HostPoolUse::HostPoolUse() {
+    for (;;) {
+        host_kernels_running.fetch_add(1);
+        if (!forking.load()) {
+            return;
+        }
+        host_kernels_running.fetch_sub(1);
+        while (forking.load()) {
+            std::this_thread::yield();
+        }
+    }
+}
+
+HostPoolUse::~HostPoolUse() { host_kernels_running.fetch_sub(1); }
 
 }  // namespace kpool::rt
 

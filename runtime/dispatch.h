@@ -132,7 +132,21 @@ std::vector<VariantKey> variants_of(Family family);
 // variant.
 AnyKernel require_kernel(const VariantKey &key, const char *op);
 
-// Turns a Halide error return into an error status.
+// Turns a Halide error return into an error status (with the message the
+// Halide runtime reported on this thread during the call, and only then).
 void check_halide(int result, const char *op);
+
+// While one lives, its thread runs a CPU kernel on Halide's thread pool. A
+// fork waits for the running ones and shuts the pool down first (a child
+// inherits the pool's state but not its worker threads, and would run every
+// kernel on one thread): parent and child each start a new pool at their
+// next CPU kernel (the handlers are installed when the library loads).
+class HostPoolUse {
+public:
+    HostPoolUse();
+    ~HostPoolUse();
+    HostPoolUse(const HostPoolUse &) = delete;
+    HostPoolUse &operator=(const HostPoolUse &) = delete;
+};
 
 }  // namespace kpool::rt

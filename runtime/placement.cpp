@@ -103,7 +103,7 @@ Placement::Placement(const std::vector<const TensorArg *> &args, const kpool_exe
                                     << " bytes; CUDA tensors must be below 2 GiB in this build";
             }
         }
-        cuda_ = &cuda_device(first->t->device_index, first->name);
+        cuda_ = &cuda_device(first->t->device_index, first->name, exec != nullptr ? exec->stream : nullptr);
         call_ = {cuda_->primary_context, exec != nullptr ? exec->stream : nullptr};
         index_errors_ = exec != nullptr ? exec->index_errors : nullptr;
     }

@@ -104,9 +104,17 @@ public:
     void launch(const char *op, int pool_size, ElementType type, Args... args) const {
         AnyKernel k = require_kernel({family(), K, pool_size, type, arithmetic_}, op);
         if (cuda_ != nullptr) {
+            const bool loaded = cuda_->loaded.contains(k);
+            if (!loaded) {
+                require_not_capturing_to_load(*cuda_, call_.stream, op);
+            }
             CudaCall call = call_;
             check_halide(reinterpret_cast<typename KernelSignature<K>::Cuda *>(k)(&call, args...), op);
+            if (!loaded) {
+                cuda_->loaded.insert(k);
+            }
         } else {
+            const HostPoolUse pool;
             check_halide(reinterpret_cast<typename KernelSignature<K>::Host *>(k)(args...), op);
         }
     }

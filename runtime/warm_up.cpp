@@ -6,7 +6,6 @@
 
 #include <cstdio>
 #include <mutex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -191,12 +190,18 @@ void run_variant(const VariantKey &v, ScratchTensors &tensor, const kpool_exec &
 }  // namespace
 
 void warm_up_cuda(int device_index, void *stream) {
-    static std::mutex mutex;
-    static std::set<int> warm;  // device indices
-    const CudaDevice &device = cuda_device(device_index, "kpool_cuda_warm_up: device_index");
-    std::lock_guard<std::mutex> lock(mutex);
-    if (warm.count(device_index) != 0) {
+    const CudaDevice &device = cuda_device(device_index, "kpool_cuda_warm_up: device_index", stream);
+    if (device.loaded.all()) {
         return;
+    }
+    // Devices warm up side by side; one device's callers wait for its first.
+    std::lock_guard<std::mutex> lock(device.warm_up_lock);
+    if (device.loaded.all()) {
+        return;
+    }
+    if (stream_is_capturing(device, stream)) {
+        throw device_error() << "kpool_cuda_warm_up: the stream is capturing a CUDA graph on cuda:" << device_index
+                             << "; the warm-up loads modules, allocates and synchronizes: call it before capturing";
     }
     auto *base = static_cast<uint8_t *>(device_scratch(device, kScratchBytes));
     for (const VariantKey &v : variants_of(device.family)) {
@@ -216,7 +221,7 @@ void warm_up_cuda(int device_index, void *stream) {
         }
     }
     synchronize_stream(device, stream);
-    warm.insert(device_index);
+    device.loaded.insert_all();
 }
 
 void cuda_loaded_images(int device_index, kpool_cuda_images *images) {

@@ -278,10 +278,14 @@ kpool_status_code kpool_append_tail_to_topk(const kpool_tensor *topk_result,
  * scratch memory, on exec->stream (NULL exec: the legacy default stream),
  * then synchronizes that stream. Without it the first call of each variant
  * loads its module, and the driver JIT-compiles its PTX (milliseconds): call
- * it once per device before serving and before capturing CUDA graphs (a
- * capture must not be the first call of a variant). Thread-safe; after its
- * first success on a device it returns at once. exec->arithmetic and
- * exec->index_errors are ignored (every arithmetic is warmed up). */
+ * it once per device before serving and before capturing CUDA graphs: a
+ * call that would load a module (or initialize the device) while its stream
+ * is capturing returns KPOOL_ERROR_DEVICE naming kpool_cuda_warm_up instead
+ * of breaking the capture. Thread-safe, each device on its own (devices
+ * warm up side by side); after its first success on a device it returns at
+ * once. exec->arithmetic and exec->index_errors are ignored (every
+ * arithmetic is warmed up). In a process forked after CUDA was initialized,
+ * this and every CUDA call return KPOOL_ERROR_DEVICE naming the fork. */
 kpool_status_code kpool_cuda_warm_up(int32_t device_index, const kpool_exec *exec,
                                      kpool_status *status);
 

@@ -2,7 +2,8 @@
 Python, as a drop-in for the Triton reference module ``kpool_triton``.
 
 The shared library is loaded with ctypes on first use, from
-``$KPOOL_LIBRARY``, else ``kpool/lib/libkpool.so`` (copied there by
+``$KPOOL_LIBRARY`` (for the top-level package ``kpool``; a copy bundled in
+another package ignores it), else ``kpool/lib/libkpool.so`` (copied there by
 ``pip install``), else ``<repo>/build/libkpool.so``. Arguments are torch
 tensors (CPU or CUDA; CUDA calls run on torch's current stream) or numpy
 arrays (CPU; bf16 as ``uint16`` arrays, e4m3 as ``uint8``), used in place.
@@ -18,8 +19,15 @@ devices and device failures; all are ``kpool.KpoolError`` with a ``code``.
 
 Compress and decode run, by default, the reference's own GPU instructions on
 CUDA tensors (bit for bit with it) and the contract's exact arithmetic
-(a correctly rounded exp and IEEE division) on the CPU; ``kpool.set_arithmetic("exact")`` or ``("triton")``
-asks for one of them everywhere (triton needs CUDA tensors).
+(a correctly rounded exp and IEEE division) on the CPU. Every function takes
+``arithmetic="exact"`` or ``"triton"`` (triton needs CUDA tensors) per call;
+``kpool.set_arithmetic`` sets the default of the calls that pass none in the
+current context (thread or asyncio task), never for the whole process.
+
+Process state: index-error words are per CUDA device (``set_index_errors``);
+a process forked after kpool initialized CUDA gets a device error from every
+CUDA call (start workers with "spawn"), and its CPU calls run on a thread
+pool of its own.
 """
 
 from ._lib import (

@@ -1,6 +1,8 @@
 """The library's entry points as Python functions: arrays (or None) then int
-parameters, in the order of the C API; they raise on a failed status, and
-decode returns its skipped completions.
+parameters, in the order of the C API, then optionally the call's
+kpool_arithmetic code (KPOOL_ARITHMETIC_DEFAULT when left out: every
+function of both implementations takes it last, so every op has it); they
+raise on a failed status, and decode returns its skipped completions.
 
 Two implementations with the same functions:
 
@@ -43,6 +45,8 @@ ENTRY_POINTS = (
 EXTENSION_NAME = "_torch_calls.abi3.so"
 EXTENSION_ENV = "KPOOL_TORCH_CALLS"  # "ctypes": don't load the extension
 SHIM_ENV = "KPOOL_TENSOR_SHIM"  # "0": read tensors through their Python interface
+# The arithmetic of a call that passes none: the reference's on CUDA, the contract's on the CPU.
+DEFAULT = _lib.KPOOL_ARITHMETIC_DEFAULT
 # What the extension reads a tensor with (torch/csrc/inductor/aoti_torch/c/shim.h),
 # in bind_tensor_shim's order.
 SHIM_GETTERS = ("dtype", "layout", "device_type", "device_index", "dim", "sizes", "strides", "data_ptr")
@@ -58,15 +62,15 @@ def _run(entry, c, *args):
     return int(status.skipped_completions)
 
 
-def _fwht128_quant_fp8(q, q_fp8, q_scale):
-    c = Call()
+def _fwht128_quant_fp8(q, q_fp8, q_scale, arithmetic=DEFAULT):
+    c = Call(arithmetic)
     return _run("kpool_fwht128_quant_fp8", c, c.tensor(q, "q", inner=True), c.tensor(q_fp8, "q_fp8", output=True),
                 c.tensor(q_scale, "q_scale", output=True))
 
 
 def _compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, write_mask, compressed_k, compressed_scale,
-                              pool_size, head_dim, round_scale, write_cache):
-    c = Call()
+                              pool_size, head_dim, round_scale, write_cache, arithmetic=DEFAULT):
+    c = Call(arithmetic)
     return _run("kpool_compress_and_write_cache", c, c.tensor(kv_cache, "kv_cache", output=True),
                 c.tensor(slot_k, "slot_k", inner=True), c.tensor(slot_score, "slot_score", inner=True),
                 c.tensor(ape, "ape", inner=True), c.tensor(loc, "loc"), c.tensor(write_mask, "write_mask"),
@@ -76,8 +80,8 @@ def _compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, write_mask
 
 
 def _compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mapping, tail_kv_cache, tail_slot_mapping,
-                                     positions, pool_size, head_dim, round_scale):
-    c = Call()
+                                     positions, pool_size, head_dim, round_scale, arithmetic=DEFAULT):
+    c = Call(arithmetic)
     return _run("kpool_compress_tokens_and_write_cache", c, c.tensor(kv_cache, "kv_cache", output=True),
                 c.tensor(key, "key", inner=True), c.tensor(gate_score, "gate_score", inner=True),
                 c.tensor(ape, "ape", inner=True), c.tensor(slot_mapping, "slot_mapping"),
@@ -85,16 +89,17 @@ def _compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mappin
                 c.tensor(positions, "positions"), pool_size, head_dim, round_scale)
 
 
-def _seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
-    c = Call()
+def _seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim, arithmetic=DEFAULT):
+    c = Call(arithmetic)
     return _run("kpool_seed_tail_cache", c, c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
                 c.tensor(key, "key", inner=True), c.tensor(gate_score, "gate_score", inner=True),
                 c.tensor(tslot, "tslot"), pool_size, head_dim)
 
 
 def _decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
-                                                 slot_mapping, positions, pool_size, head_dim, round_scale):
-    c = Call()
+                                                 slot_mapping, positions, pool_size, head_dim, round_scale,
+                                                 arithmetic=DEFAULT):
+    c = Call(arithmetic)
     return _run("kpool_decode_update_and_maybe_write_cache_batched", c, c.tensor(kv_cache, "kv_cache", output=True),
                 c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
                 c.tensor(tail_slot_mapping, "tail_slot_mapping"), c.tensor(key, "key", inner=True),
@@ -105,8 +110,8 @@ def _decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_s
 
 def _decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
                                                 slot_mapping, positions, query_start_loc, max_query_len, pool_size,
-                                                head_dim, round_scale):
-    c = Call()
+                                                head_dim, round_scale, arithmetic=DEFAULT):
+    c = Call(arithmetic)
     return _run("kpool_decode_update_and_maybe_write_cache_ragged", c, c.tensor(kv_cache, "kv_cache", output=True),
                 c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
                 c.tensor(tail_slot_mapping, "tail_slot_mapping"), c.tensor(key, "key", inner=True),
@@ -115,21 +120,23 @@ def _decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_sl
                 c.tensor(query_start_loc, "query_start_loc"), max_query_len, pool_size, head_dim, round_scale)
 
 
-def _expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids):
-    c = Call()
+def _expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids, arithmetic=DEFAULT):
+    c = Call(arithmetic)
     return _run("kpool_expand_pools_and_append_tail", c, c.tensor(pool_ids, "pool_ids", inner=True),
                 c.tensor(seq_lens, "seq_lens"), c.tensor(out, "out", output=True), pool_size, bound_pool_ids)
 
 
-def _expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size):
-    c = Call()
+def _expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size,
+                            arithmetic=DEFAULT):
+    c = Call(arithmetic)
     return _run("kpool_expand_pools_to_tokens", c, c.tensor(group_ids, "group_ids", inner=True),
                 c.tensor(group_valid, "group_valid", inner=True), c.tensor(page_table, "page_table"),
                 c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), topk, pool_size)
 
 
-def _append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size):
-    c = Call()
+def _append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size,
+                         arithmetic=DEFAULT):
+    c = Call(arithmetic)
     return _run("kpool_append_tail_to_topk", c, c.tensor(topk_result, "topk_result", inner=True),
                 c.tensor(seq_lens, "seq_lens"), c.tensor(pool_lens, "pool_lens"), c.tensor(page_table, "page_table"),
                 c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), pool_size)
@@ -272,12 +279,15 @@ def _current_stream_getter(torch) -> int:
 
 
 def _configure(module):
-    from ._tensors import execution_options
+    from ._tensors import index_errors_by_device
 
-    module.configure(*execution_options())
+    module.set_index_errors(*index_errors_by_device())
 
 
-def options_changed():
-    """kpool.set_arithmetic / set_index_errors changed: tell the extension."""
-    if _torch_calls is not None and _torch_calls is not ctypes_calls:
-        _configure(_torch_calls)
+def index_errors_changed():
+    """kpool.set_index_errors changed a device's words: tell the extension
+    (under the lock its loading holds, so that words set while it loads are
+    not missed)."""
+    with _lock:
+        if _torch_calls is not None and _torch_calls is not ctypes_calls:
+            _configure(_torch_calls)

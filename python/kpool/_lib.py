@@ -126,10 +126,12 @@ _package_dir = os.path.dirname(os.path.abspath(__file__))
 
 
 def candidate_paths() -> list[str]:
-    """Where the library is looked for, in order: $KPOOL_LIBRARY, the copy
-    packaged in kpool/lib/, then <repo>/build/libkpool.so next to python/."""
+    """Where the library is looked for, in order: $KPOOL_LIBRARY (by the
+    top-level package ``kpool`` only: a copy bundled inside another package
+    loads its own library), the copy packaged in kpool/lib/, then
+    <repo>/build/libkpool.so next to python/."""
     env = os.environ.get(LIBRARY_ENV)
-    if env:
+    if env and __package__ == "kpool":
         return [env]  # an explicit choice is never second-guessed
     return [
         os.path.join(_package_dir, "lib", _LIBRARY_NAME),

@@ -12,10 +12,12 @@ numpy has no bfloat16 or float8: pass bf16 data as ``uint16`` arrays
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import operator
 import os
 import sys
+import threading
 
 from . import _lib
 from ._lib import (
@@ -29,6 +31,7 @@ from ._lib import (
     KPOOL_DTYPE_INT64,
     KPOOL_DTYPE_UINT8,
     KPOOL_MAX_DIMS,
+    KpoolError,
     KpoolExec,
     KpoolRuntimeError,
     KpoolStatus,
@@ -203,83 +206,184 @@ def empty(like, shape, code: int):
     return np.empty(shape, dtype=_NUMPY_ALLOC[code])
 
 
-def _options_changed():
-    # The extension keeps its own copy of the execution options.
+def _index_errors_changed():
+    # The extension holds the words of each device (and a reference to them).
     calls = sys.modules.get(__package__ + "._calls")
     if calls is not None:
-        calls.options_changed()
+        calls.index_errors_changed()
 
 
-# The softmax pool's arithmetic for every call (include/kpool/kpool.h,
-# kpool_arithmetic): "default" (the reference's on CUDA tensors, the
-# contract's on the CPU), "exact" (the contract) or "triton" (the reference's
-# own GPU instructions, CUDA tensors only). Process-wide, as a drop-in's calls
-# keep the reference's signatures; $KPOOL_ARITHMETIC sets the start value.
-_arithmetic = ["default"]
+# The softmax pool's arithmetic (include/kpool/kpool.h, kpool_arithmetic):
+# "default" (the reference's on CUDA tensors, the contract's on the CPU),
+# "exact" (the contract) or "triton" (the reference's own GPU instructions,
+# CUDA tensors only). Every drop-in function and torch op takes it as its
+# `arithmetic` argument; this is the default of calls that do not pass one,
+# local to the context (each thread and asyncio task has its own, starting
+# from $KPOOL_ARITHMETIC or "default"), never shared by the process.
+def _checked_arithmetic(name, what="arithmetic"):
+    if name not in _lib.ARITHMETICS:
+        raise KpoolValueError(f"{what} = {name!r} is not one of {', '.join(repr(a) for a in _lib.ARITHMETICS)}")
+    return name
+
+
+_arithmetic = contextvars.ContextVar(
+    "kpool_arithmetic", default=_checked_arithmetic(os.environ.get("KPOOL_ARITHMETIC", "default"), "$KPOOL_ARITHMETIC"))
 
 
 def set_arithmetic(name: str) -> str:
-    """Sets the arithmetic of later calls ("default", "exact" or "triton"); returns the
-    previous one. Calls already captured in a CUDA graph keep theirs."""
-    if name not in _lib.ARITHMETICS:
-        raise ValueError(f"arithmetic must be one of {sorted(_lib.ARITHMETICS)}, not {name!r}")
-    previous, _arithmetic[0] = _arithmetic[0], name
-    _options_changed()
+    """Sets the arithmetic of later calls in this context (thread, asyncio
+    task) that pass none ("default", "exact" or "triton"); returns the
+    previous one. Other threads keep theirs; a call captured in a CUDA graph
+    or traced by torch.compile keeps the arithmetic it was made with."""
+    previous = _arithmetic.get()
+    _arithmetic.set(_checked_arithmetic(name))
     return previous
 
 
 def get_arithmetic() -> str:
-    return _arithmetic[0]
+    """This context's default arithmetic (kpool.set_arithmetic)."""
+    return _arithmetic.get()
 
 
-set_arithmetic(os.environ.get("KPOOL_ARITHMETIC", "default"))
+_ARITHMETIC_CODES = _lib.ARITHMETICS
+
+
+def context_arithmetic_code() -> int:
+    """The kpool_arithmetic code of this context's default."""
+    return _ARITHMETIC_CODES[_arithmetic.get()]
+
+
+def arithmetic_code(name=None) -> int:
+    """The kpool_arithmetic code of a call's ``arithmetic`` argument: its
+    name, or None for this context's default."""
+    if name is None:
+        return _ARITHMETIC_CODES[_arithmetic.get()]
+    code = _ARITHMETIC_CODES.get(name) if isinstance(name, str) else None
+    return code if code is not None else _ARITHMETIC_CODES[_checked_arithmetic(name)]
 
 
 # The words CUDA calls mark out-of-range indices in (kpool.h,
-# kpool_exec.index_errors): a torch int32 tensor, or None. Process-wide, like
-# the arithmetic.
-_index_errors = [None]
+# kpool_exec.index_errors), one torch int32 tensor per CUDA device. Every
+# tensor ever set is kept alive: a CUDA graph captured with a device's words
+# goes on writing them when it is replayed, after they were replaced.
+_index_errors = {}  # device index -> tensor
+_retired_index_errors = []
+_index_errors_lock = threading.Lock()
 
 
-def set_index_errors(words):
+def set_index_errors(words, device=None):
     """Later calls on CUDA tensors of ``words``' device mark each index
     argument that had an out-of-range entry (its writes are skipped) in
     ``words``: a zeroed torch int32 CUDA tensor of 4 elements (loc, tslot,
-    slot_mapping, tail_slot_mapping), on the current stream, without a
-    synchronization (graph capturable). None stops it. Returns the previous
-    tensor. ``check_index_errors()`` reads and zeroes them."""
+    slot_mapping, tail_slot_mapping), on the call's stream, without a
+    synchronization (graph capturable). Each device has its own words;
+    ``set_index_errors(None, device)`` stops them on ``device``, and
+    ``set_index_errors(None)`` on every device. Returns the device's previous
+    tensor (for None: torch's current device's). Refused while the device's current stream
+    captures a CUDA graph; replaced words stay allocated, so graphs captured
+    with them keep marking memory that exists (``check_index_errors``
+    reads the device's current words). ``check_index_errors()`` reads and
+    zeroes them."""
     if words is not None:
         torch = _torch_of(words)
         if (torch is None or not words.is_cuda or words.dtype != torch.int32 or words.numel() != len(_lib.INDEX_ARGS)
                 or not words.is_contiguous()):
             raise KpoolTypeError(f"index_errors must be a contiguous torch int32 CUDA tensor of "
                                  f"{len(_lib.INDEX_ARGS)} elements ({', '.join(_lib.INDEX_ARGS)})")
-    previous, _index_errors[0] = _index_errors[0], words
-    _options_changed()
+        index = words.device.index
+        if device is not None and _cuda_index(device, "set_index_errors") != index:
+            raise KpoolValueError(f"set_index_errors: device {device!r} is not the words' device ({words.device})")
+    else:
+        index = _cuda_index("cuda" if device is None else device, "set_index_errors")
+    torch = sys.modules.get("torch")
+    for i in sorted(_index_errors) if words is None and device is None else [index]:
+        if torch is not None and torch.cuda.is_available() and i < torch.cuda.device_count():
+            with torch.cuda.device(i):
+                capturing = torch.cuda.is_current_stream_capturing()
+            if capturing:
+                raise KpoolRuntimeError(f"set_index_errors: cuda:{i}'s current stream is capturing a CUDA graph, "
+                                        f"which records the device's words; set them before or after the capture")
+    with _index_errors_lock:
+        previous = _index_errors.get(index)
+        if words is None and device is None:
+            _index_errors.clear()
+        else:
+            _index_errors.pop(index, None)
+        if words is not None:
+            _index_errors[index] = words
+            if all(w is not words for w in _retired_index_errors):
+                _retired_index_errors.append(words)
+    _index_errors_changed()
     return previous
 
 
-def execution_options():
-    """(arithmetic code, device of the index-error words or -1, their address or 0)."""
-    words = _index_errors[0]
-    if words is None:
-        return _lib.ARITHMETICS[_arithmetic[0]], -1, 0
-    return _lib.ARITHMETICS[_arithmetic[0]], words.device.index, words.data_ptr()
+def index_errors_of(device_index: int):
+    """The index-error words set for a CUDA device, or None."""
+    return _index_errors.get(device_index)
 
 
-def check_index_errors() -> None:
+def index_errors_by_device():
+    """(words tensors by device index, None where unset; their addresses)."""
+    with _index_errors_lock:
+        count = max(_index_errors, default=-1) + 1
+        words = tuple(_index_errors.get(i) for i in range(count))
+    return words, tuple(w.data_ptr() if w is not None else 0 for w in words)
+
+
+def _cuda_index(device, what) -> int:
+    """A CUDA device's index from an int, a torch.device or "cuda[:N]"."""
+    if isinstance(device, int):
+        return device
+    text = str(device)
+    if text.split(":")[0] != "cuda":
+        raise KpoolValueError(f"{what}: device {device!r} is not a CUDA device")
+    index = text.partition(":")[2]
+    if not index:
+        torch = sys.modules.get("torch")
+        return torch.cuda.current_device() if torch is not None and torch.cuda.is_available() else 0
+    return int(index)
+
+
+def check_index_errors(device=None, *, after=()) -> None:
     """Raises KpoolIndexRangeError naming every argument that had an
     out-of-range index in a CUDA call since the last check, and zeroes the
-    words (this synchronizes the current stream). Needs set_index_errors()."""
-    words = _index_errors[0]
-    if words is None:
-        raise KpoolValueError("check_index_errors: no index_errors words were set (kpool.set_index_errors)")
-    e = KpoolExec()
-    e.stream = _current_stream(words.device.index)
-    e.index_errors = words.data_ptr()
-    status = new_status()
-    _lib.check(_lib.load().kpool_check_index_errors(words.device.index, ctypes.byref(e), ctypes.byref(status)),
-               status)
+    words: those of ``device`` (an index, torch.device or "cuda:N"), or of
+    every device with words when None (set_index_errors).
+
+    The check reads and zeroes the words on the device's current stream and
+    waits for it (a synchronization): it covers the calls queued before it
+    on that stream, and on each stream of ``after`` (torch CUDA streams of
+    the device, which the current stream waits for first). A call on a
+    stream it does not wait for may still be running: its mark can land
+    after the read (reported by the next check) or between the read and the
+    zeroing (lost)."""
+    indices = sorted(_index_errors) if device is None else [_cuda_index(device, "check_index_errors")]
+    if not indices or any(i not in _index_errors for i in indices):
+        raise KpoolValueError("check_index_errors: no index_errors words were set"
+                              + ("" if device is None else f" on cuda:{indices[0]}") + " (kpool.set_index_errors)")
+    torch = sys.modules.get("torch")
+    for stream in after:
+        if stream.device.index in indices:
+            torch.cuda.current_stream(stream.device.index).wait_stream(stream)
+    errors = []
+    for index in indices:
+        words = _index_errors[index]
+        e = KpoolExec()
+        e.stream = _current_stream(index)
+        e.index_errors = words.data_ptr()
+        status = new_status()
+        code = _lib.load().kpool_check_index_errors(index, ctypes.byref(e), ctypes.byref(status))
+        try:
+            _lib.check(code, status)
+        except KpoolError as error:
+            if len(indices) == 1:
+                raise
+            errors.append((index, error))
+    if errors:
+        index, first = errors[0]
+        error = type(first)("; ".join(f"cuda:{i}: {e}" for i, e in errors))
+        error.code = first.code
+        raise error
 
 
 def cuda_warm_up(device=0) -> None:
@@ -287,13 +391,7 @@ def cuda_warm_up(device=0) -> None:
     index, or a torch.device / "cuda:N"), on torch's current stream, which it
     then synchronizes: call before serving and before capturing CUDA graphs
     (kpool_cuda_warm_up). Later calls return at once."""
-    if isinstance(device, int):
-        index = device
-    else:  # a torch.device or "cuda" / "cuda:N"
-        text = str(device)
-        if text.split(":")[0] != "cuda":
-            raise KpoolValueError(f"cuda_warm_up: device {device!r} is not a CUDA device")
-        index = int(text.partition(":")[2] or 0)
+    index = _cuda_index(device, "cuda_warm_up")
     e = KpoolExec()
     torch = sys.modules.get("torch")
     if torch is not None and 0 <= index < torch.cuda.device_count():  # else the library names the device
@@ -317,11 +415,12 @@ def _current_stream(device_index: int) -> int:
 class Call:
     """The descriptors of one C call; keeps every object they point into alive."""
 
-    __slots__ = ("keep", "cuda_index")
+    __slots__ = ("keep", "cuda_index", "arithmetic")
 
-    def __init__(self):
+    def __init__(self, arithmetic: int = _lib.KPOOL_ARITHMETIC_DEFAULT):
         self.keep = []
         self.cuda_index = None
+        self.arithmetic = arithmetic
 
     def tensor(self, x, name: str, *, inner: bool = False, output: bool = False):
         """``byref`` of x's descriptor, or None (NULL) for None.
@@ -405,13 +504,13 @@ class Call:
     def exec(self):
         """byref of the kpool_exec: torch's current stream on the CUDA device
         of the call's first CUDA tensor, NULL for host-only calls; the
-        arithmetic set by kpool.set_arithmetic()."""
+        call's arithmetic; the index-error words of that device."""
         e = KpoolExec()
-        e.arithmetic = _lib.ARITHMETICS[_arithmetic[0]]
+        e.arithmetic = self.arithmetic
         if self.cuda_index is not None:
             e.stream = _current_stream(self.cuda_index)
-            words = _index_errors[0]
-            if words is not None and words.device.index == self.cuda_index:
+            words = _index_errors.get(self.cuda_index)
+            if words is not None:
                 e.index_errors = words.data_ptr()
         self.keep.append(e)
         return ctypes.byref(e)

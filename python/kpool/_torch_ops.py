@@ -2,11 +2,15 @@
 torch side of the drop-in functions.
 
 Every op is defined with ``torch.library`` in the namespace ``kpool``: a
-schema that marks the caches and tail rings it writes (``Tensor(a!)``), one
-kernel for CPU and CUDA tensors (kpool picks the device from the tensors)
-and a fake implementation that gives the outputs' shapes, dtypes and
-devices, so ``torch.compile(fullgraph=True)`` traces them and CUDA graphs
-capture them. The drop-in functions (``kpool.fwht128_quant_fp8``, ...) call
+schema that marks the caches and tail rings it writes (``Tensor(a!)``) and
+ends with the call's arithmetic (``int arithmetic=0``, a kpool_arithmetic
+code: what torch.compile traces and a CUDA graph captures), one kernel for
+CPU and CUDA tensors (kpool picks the device from the tensors) and a fake
+implementation that gives the outputs' shapes, dtypes and devices, so
+``torch.compile(fullgraph=True)`` traces them and CUDA graphs capture them.
+A second copy of kpool in the process (bundled by another package) defines
+its ops in a namespace of its own, ``kpool_<hash of its name and directory>``
+(``NAMESPACE``). The drop-in functions (``kpool.fwht128_quant_fp8``, ...) call
 the ops whenever something traces them (Dynamo, a dispatch mode, a tensor
 subclass such as a fake tensor); on plain tensors in eager mode they run
 the op's kernel directly, skipping the dispatcher's few µs, with the same
@@ -17,12 +21,15 @@ Imported by ``kpool`` when torch imports; kpool without torch never loads it.
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import torch
 
 if not hasattr(torch.library, "register_fake"):  # ops.py then takes torch tensors through ctypes only
     raise ImportError(f"kpool's torch operators need torch >= 2.4 (this is {torch.__version__})")
 
-from . import _calls
+from . import _calls, _tensors
 from ._lib import KPOOL_HEAD_DIM, KpoolTypeError, KpoolValueError
 
 D = KPOOL_HEAD_DIM
@@ -30,7 +37,19 @@ E4M3 = torch.float8_e4m3fn
 F32, I32, I64, BF16 = torch.float32, torch.int32, torch.int64, torch.bfloat16
 Tensor = torch.Tensor
 
-_library = torch.library.Library("kpool", "DEF")  # noqa: TOR901 (kept for the life of the process)
+
+def _define_library():
+    """The namespace and library this copy of kpool defines its ops in:
+    ``kpool``, unless another copy in the process has taken it."""
+    try:
+        return "kpool", torch.library.Library("kpool", "DEF")  # noqa: TOR901 (kept for the life of the process)
+    except RuntimeError:  # "Only a single TORCH_LIBRARY can be used to register the namespace kpool"
+        copy = f"{__name__} in {os.path.dirname(os.path.abspath(__file__))}".encode()
+        namespace = "kpool_" + hashlib.sha1(copy).hexdigest()[:12]
+        return namespace, torch.library.Library(namespace, "DEF")  # noqa: TOR901
+
+
+NAMESPACE, _library = _define_library()
 
 SCHEMAS = {
     "fwht128_quant_fp8": "(Tensor q) -> (Tensor q_fp8, Tensor q_scale)",
@@ -130,26 +149,26 @@ def _append_tail_out(topk_result, pool_size):
 # The extension allocates the outputs itself where it can (its NAME_new
 # functions, in about half the time per output); NotImplemented leaves them to the
 # functions above, whose checks name a wrong argument.
-def _fwht_kernel(q):
+def _fwht_kernel(q, arithmetic=_calls.DEFAULT):
     calls = _calls.torch_calls()
-    outputs = calls.fwht128_quant_fp8_new(q)
+    outputs = calls.fwht128_quant_fp8_new(q, arithmetic)
     if outputs is NotImplemented:
         outputs = _fwht_outputs(q)
-        calls.fwht128_quant_fp8(q, *outputs)
+        calls.fwht128_quant_fp8(q, *outputs, arithmetic)
     return outputs
 
 
 def _compress_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim, round_scale,
-                     write_cache):
+                     write_cache, arithmetic=_calls.DEFAULT):
     _calls.torch_calls().compress_and_write_cache(kv_cache if write_cache else None, slot_k, slot_score, ape, loc,
                                                   write_mask, None, None, pool_size, head_dim, round_scale,
-                                                  write_cache)
+                                                  write_cache, arithmetic)
 
 
 def _compress_to_rows_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim, round_scale,
-                             write_cache):
+                             write_cache, arithmetic=_calls.DEFAULT):
     inputs = (kv_cache if write_cache else None, slot_k, slot_score, ape, loc, write_mask)
-    params = (pool_size, head_dim, round_scale, write_cache)
+    params = (pool_size, head_dim, round_scale, write_cache, arithmetic)
     calls = _calls.torch_calls()
     rows = calls.compress_and_write_cache_new(*inputs, *params)
     if rows is NotImplemented:
@@ -158,81 +177,90 @@ def _compress_to_rows_kernel(kv_cache, slot_k, slot_score, ape, loc, write_mask,
     return rows
 
 
-def _compress_tokens_kernel(*args):
-    _calls.ctypes_calls.compress_tokens_and_write_cache(*args)
+def _compress_tokens_kernel(*args, **kwargs):
+    _calls.ctypes_calls.compress_tokens_and_write_cache(*args, **kwargs)
 
 
-def _seed_kernel(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
-    _calls.torch_calls().seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)
+def _seed_kernel(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim, arithmetic=_calls.DEFAULT):
+    _calls.torch_calls().seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim, arithmetic)
 
 
 def _decode_kernel(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
-                   pool_size, head_dim, round_scale):
+                   pool_size, head_dim, round_scale, arithmetic=_calls.DEFAULT):
     """Returns the skipped completions (the op itself returns nothing)."""
     return _calls.torch_calls().decode_update_and_maybe_write_cache_batched(
         kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
-        head_dim, round_scale)
+        head_dim, round_scale, arithmetic)
 
 
-def _ragged_decode_kernel(*args):
+def _ragged_decode_kernel(*args, **kwargs):
     """Returns the skipped completions (the op itself returns nothing)."""
-    return _calls.ctypes_calls.decode_update_and_maybe_write_cache_ragged(*args)
+    return _calls.ctypes_calls.decode_update_and_maybe_write_cache_ragged(*args, **kwargs)
 
 
-def _ragged_decode_op_kernel(*args):
-    _ragged_decode_kernel(*args)
+def _ragged_decode_op_kernel(*args, **kwargs):
+    _ragged_decode_kernel(*args, **kwargs)
 
 
-def _decode_op_kernel(*args):
-    _calls.torch_calls().decode_update_and_maybe_write_cache_batched(*args)
+def _decode_op_kernel(*args, **kwargs):
+    _decode_kernel(*args, **kwargs)
 
 
-def _expand_and_append_kernel(pool_ids, seq_lens, pool_size, bound_pool_ids):
+def _expand_and_append_kernel(pool_ids, seq_lens, pool_size, bound_pool_ids, arithmetic=_calls.DEFAULT):
     calls = _calls.torch_calls()
-    out = calls.expand_pools_and_append_tail_new(pool_ids, seq_lens, pool_size, bound_pool_ids)
+    out = calls.expand_pools_and_append_tail_new(pool_ids, seq_lens, pool_size, bound_pool_ids, arithmetic)
     if out is NotImplemented:
         out = _expand_and_append_out(pool_ids, pool_size)
-        calls.expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids)
+        calls.expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids, arithmetic)
     return out
 
 
-def _expand_to_tokens_kernel(group_ids, group_valid, page_table, topk_offsets, topk, pool_size):
+def _expand_to_tokens_kernel(group_ids, group_valid, page_table, topk_offsets, topk, pool_size,
+                             arithmetic=_calls.DEFAULT):
     calls = _calls.torch_calls()
-    out = calls.expand_pools_to_tokens_new(group_ids, group_valid, page_table, topk_offsets, topk, pool_size)
+    out = calls.expand_pools_to_tokens_new(group_ids, group_valid, page_table, topk_offsets, topk, pool_size,
+                                           arithmetic)
     if out is NotImplemented:
         out = _expand_to_tokens_out(group_ids, topk)
-        calls.expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size)
+        calls.expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size,
+                                     arithmetic)
     return out
 
 
-def _append_tail_kernel(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size):
+def _append_tail_kernel(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size,
+                        arithmetic=_calls.DEFAULT):
     calls = _calls.torch_calls()
-    out = calls.append_tail_to_topk_new(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size)
+    out = calls.append_tail_to_topk_new(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size,
+                                        arithmetic)
     if out is NotImplemented:
         out = _append_tail_out(topk_result, pool_size)
-        calls.append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size)
+        calls.append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size,
+                                  arithmetic)
     return out
 
 
-def _expand_and_append_out_kernel(pool_ids, seq_lens, pool_size, bound_pool_ids, out):
-    _calls.torch_calls().expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids)
+def _expand_and_append_out_kernel(pool_ids, seq_lens, pool_size, bound_pool_ids, out, arithmetic=_calls.DEFAULT):
+    _calls.torch_calls().expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids, arithmetic)
 
 
-def _expand_to_tokens_out_kernel(group_ids, group_valid, page_table, topk_offsets, topk, pool_size, out):
+def _expand_to_tokens_out_kernel(group_ids, group_valid, page_table, topk_offsets, topk, pool_size, out,
+                                 arithmetic=_calls.DEFAULT):
     _calls.torch_calls().expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk,
-                                                pool_size)
+                                                pool_size, arithmetic)
 
 
-def _append_tail_out_kernel(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size, out):
+def _append_tail_out_kernel(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size, out,
+                            arithmetic=_calls.DEFAULT):
     _calls.torch_calls().append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out,
-                                             pool_size)
+                                             pool_size, arithmetic)
 
 
 def _nothing(*args):
     return None
 
 
-# name: (kernel, fake)
+# name: (kernel, fake). Each kernel takes the arithmetic last (the schemas
+# end with it, below); the fakes are given the arguments without it.
 _OPS = {
     "fwht128_quant_fp8": (_fwht_kernel, _fwht_outputs),
     "compress_and_write_cache": (_compress_kernel, _nothing),
@@ -252,16 +280,51 @@ _OPS = {
     "append_tail_to_topk.out": (_append_tail_out_kernel, _nothing),
 }
 
+
+def with_arithmetic(schema: str) -> str:
+    """An op's schema with the arithmetic as its last argument: a
+    kpool_arithmetic code, KPOOL_ARITHMETIC_DEFAULT when left out."""
+    arguments, arrow, returns = schema.partition(") ->")
+    return f"{arguments}, int arithmetic={_calls.DEFAULT}{arrow}{returns}"
+
+
+def _without_arithmetic(fake, schema):
+    """The fake of an op, called with the op's arguments as given (the
+    arithmetic among them or not: torch passes no defaults), on those
+    before the arithmetic."""
+    count = len(torch._C.parse_schema("op" + schema).arguments)
+
+    def fake_of_call(*args, arithmetic=_calls.DEFAULT):
+        return fake(*args[:count])
+
+    return fake_of_call
+
+
 for _name, (_kernel, _fake) in _OPS.items():
-    _library.define(_name + SCHEMAS[_name])
+    _library.define(_name + with_arithmetic(SCHEMAS[_name]))
     _library.impl(_name, _kernel, "CPU")
     _library.impl(_name, _kernel, "CUDA")
-    torch.library.register_fake("kpool::" + _name, _fake, lib=_library)
+    torch.library.register_fake(f"{NAMESPACE}::{_name}", _without_arithmetic(_fake, SCHEMAS[_name]), lib=_library)
 
-ops = torch.ops.kpool
+ops = getattr(torch.ops, NAMESPACE)
 
 
 # --- the drop-in functions' torch side ------------------------------------------------
+# The context's default arithmetic (kpool.set_arithmetic) as torch.compile
+# sees it: Dynamo cannot trace a contextvar read (a graph break), so it runs
+# this once per trace and keeps the code in the graph as a constant, without
+# a guard: a compiled function keeps the default of its trace, and one that
+# passes `arithmetic=` is traced (and guarded) per value. Eager calls read it
+# each time (the decorator only marks the function).
+_context_arithmetic = torch.compiler.assume_constant_result(_tensors.context_arithmetic_code)
+
+
+def arithmetic_code(name=None) -> int:
+    """The kpool_arithmetic code of a call's ``arithmetic`` argument (None:
+    the context's default), traceable by torch.compile."""
+    return _context_arithmetic() if name is None else _tensors.arithmetic_code(name)
+
+
 _is_compiling = torch.compiler.is_compiling  # Dynamo folds it to True while it traces
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 
@@ -315,14 +378,14 @@ def _decode_indices(tail_slot_mapping, slot_mapping, positions):
     return tuple(_as_index(x, name, I64 if wide else I32) for name, x in named.items())
 
 
-def fwht128_quant_fp8(q):
+def fwht128_quant_fp8(q, arithmetic):
     if _eager(q):
-        return _fwht_kernel(q)
-    return ops.fwht128_quant_fp8(q)
+        return _fwht_kernel(q, arithmetic)
+    return ops.fwht128_quant_fp8(q, arithmetic)
 
 
 def compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, pool_size, head_dim, write_mask, round_scale,
-                             return_compressed, write_cache):
+                             return_compressed, write_cache, arithmetic):
     try:
         widen = slot_score.dtype not in (BF16, F32) and slot_score.dtype.is_floating_point
     except AttributeError:  # None or no tensor: named by the runtime or here
@@ -331,7 +394,7 @@ def compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, pool_size, 
     if widen:
         slot_score = slot_score.to(F32)  # what the reference's loads do
     args = (kv_cache if write_cache else None, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim,
-            bool(round_scale), bool(write_cache))
+            bool(round_scale), bool(write_cache), arithmetic)
     eager = _eager(slot_k)
     if not eager:
         _require_tensors(kv_cache=kv_cache, slot_score=slot_score, ape=ape, loc=loc, write_mask=write_mask)
@@ -347,7 +410,7 @@ def compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, pool_size, 
 
 
 def compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mapping, pool_size, head_dim, round_scale,
-                                    tail_kv_cache, tail_slot_mapping, positions):
+                                    tail_kv_cache, tail_slot_mapping, positions, arithmetic):
     _require_tensors(slot_mapping=slot_mapping)
     if positions is not None:
         named = {"slot_mapping": slot_mapping, "tail_slot_mapping": tail_slot_mapping, "positions": positions}
@@ -358,7 +421,7 @@ def compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mapping
                                             or tail_slot_mapping.dtype not in (I32, I64)):
         tail_slot_mapping = _as_index(tail_slot_mapping, "tail_slot_mapping", I32)
     args = (kv_cache, key, gate_score, ape, _index_ids(slot_mapping, "slot_mapping"), tail_kv_cache,
-            tail_slot_mapping, positions, pool_size, head_dim, bool(round_scale))
+            tail_slot_mapping, positions, pool_size, head_dim, bool(round_scale), arithmetic)
     if _eager(key):
         _compress_tokens_kernel(*args)
     else:
@@ -366,24 +429,24 @@ def compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mapping
         ops.compress_tokens_and_write_cache(*args)
 
 
-def seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim):
+def seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim, arithmetic):
     if type(tslot) is not Tensor or tslot.dtype not in (I32, I64):
         tslot = _as_index(tslot, "tslot", I32)
     if _eager(key):
-        _seed_kernel(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)
+        _seed_kernel(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim, arithmetic)
     else:
         _require_tensors(tail_kv_cache=tail_kv_cache, gate_score=gate_score)
-        ops.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)
+        ops.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim, arithmetic)
 
 
 def decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
                                                 slot_mapping, positions, pool_size, head_dim, round_scale,
-                                                return_skipped):
+                                                return_skipped, arithmetic):
     if not (type(tail_slot_mapping) is Tensor and type(slot_mapping) is Tensor and type(positions) is Tensor
             and tail_slot_mapping.dtype == slot_mapping.dtype == positions.dtype and positions.dtype in (I32, I64)):
         tail_slot_mapping, slot_mapping, positions = _decode_indices(tail_slot_mapping, slot_mapping, positions)
     args = (kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
-            head_dim, bool(round_scale))
+            head_dim, bool(round_scale), arithmetic)
     if _eager(key):
         skipped = _decode_kernel(*args)
         return skipped if return_skipped else None
@@ -402,7 +465,7 @@ def _require_out(out):
 
 def decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
                                                slot_mapping, positions, query_start_loc, pool_size, head_dim,
-                                               round_scale, max_query_len, return_skipped):
+                                               round_scale, max_query_len, return_skipped, arithmetic):
     named = {"tail_slot_mapping": tail_slot_mapping, "slot_mapping": slot_mapping, "positions": positions,
              "query_start_loc": query_start_loc}
     if not (all(type(x) is Tensor for x in named.values()) and len({x.dtype for x in named.values()}) == 1
@@ -415,7 +478,7 @@ def decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slo
     elif isinstance(max_query_len, bool) or not isinstance(max_query_len, int) or max_query_len < 1:
         raise KpoolValueError(f"max_query_len = {max_query_len!r}: expected a positive int (or None)")
     args = (kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, query_start_loc,
-            max_query_len, pool_size, head_dim, bool(round_scale))
+            max_query_len, pool_size, head_dim, bool(round_scale), arithmetic)
     if _eager(key):
         skipped = _ragged_decode_kernel(*args)
         return skipped if return_skipped else None
@@ -427,24 +490,25 @@ def decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slo
     return None
 
 
-def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets, out=None):
+def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets, arithmetic, out=None):
     args = (_index_ids(group_ids, "group_ids"), group_valid, _integer(page_table, "page_table", I32),
             _integer(topk_offsets, "topk_offsets", I64), topk, pool_size)
     if out is not None:
         _require_out(out)
         if _eager(group_ids):
-            _expand_to_tokens_out_kernel(*args, out)
+            _expand_to_tokens_out_kernel(*args, out, arithmetic)
         else:
             _require_tensors(group_valid=group_valid)
-            ops.expand_pools_to_tokens.out(*args, out)
+            ops.expand_pools_to_tokens.out(*args, out, arithmetic)
         return out
+    args += (arithmetic,)
     if _eager(group_ids):
         return _expand_to_tokens_kernel(*args)
     _require_tensors(group_valid=group_valid)
     return ops.expand_pools_to_tokens(*args)
 
 
-def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets, out=None):
+def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets, arithmetic, out=None):
     if topk_result.dtype != I32:
         raise KpoolTypeError(f"topk_result has dtype {str(topk_result.dtype).replace('torch.', '')}, expected int32")
     _require_dims(seq_lens, "seq_lens", 1, "[rows]")
@@ -456,24 +520,26 @@ def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table,
     if out is not None:
         _require_out(out)
         if _eager(topk_result):
-            _append_tail_out_kernel(*args, out)
+            _append_tail_out_kernel(*args, out, arithmetic)
         else:
-            ops.append_tail_to_topk.out(*args, out)
+            ops.append_tail_to_topk.out(*args, out, arithmetic)
         return out
+    args += (arithmetic,)
     if _eager(topk_result):
         return _append_tail_kernel(*args)
     return ops.append_tail_to_topk(*args)
 
 
-def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids, out=None):
+def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids, arithmetic, out=None):
     args = (_index_ids(pool_ids, "pool_ids"), _integer(seq_lens, "seq_lens", I32), pool_size, bool(bound_pool_ids))
     if out is not None:
         _require_out(out)
         if _eager(pool_ids):
-            _expand_and_append_out_kernel(*args, out)
+            _expand_and_append_out_kernel(*args, out, arithmetic)
         else:
-            ops.expand_pools_and_append_tail.out(*args, out)
+            ops.expand_pools_and_append_tail.out(*args, out, arithmetic)
         return out
+    args += (arithmetic,)
     if _eager(pool_ids):
         return _expand_and_append_kernel(*args)
     return ops.expand_pools_and_append_tail(*args)

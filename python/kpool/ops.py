@@ -6,6 +6,11 @@ on the input's device, or ``np.empty`` for numpy inputs), builds descriptors
 of the caller's memory and calls the C entry point, which validates every
 argument before anything is written. Caches are updated in place.
 
+Each also takes the keyword ``arithmetic``: "default" (the reference's on
+CUDA tensors, the contract's on the CPU), "exact" or "triton" (CUDA
+tensors only), or None for this context's default (``kpool.set_arithmetic``),
+resolved when the call is made (or traced: a compiled graph keeps it).
+
 torch tensors go through ``_torch_ops`` (the ``torch.ops.kpool`` operators,
 which torch.compile traces); numpy arrays through the ctypes calls here.
 """
@@ -42,6 +47,7 @@ from ._tensors import (
     new_status,
     require_ndim,
 )
+from ._tensors import arithmetic_code
 
 try:
     from . import _torch_ops
@@ -118,10 +124,13 @@ def _index(x, name, code):
 
 # What takes the torch path: isinstance(x, _TORCH_TENSOR), () without torch.
 _TORCH_TENSOR = _torch_ops.Tensor if _torch_ops is not None else ()
+# A call's arithmetic code (None: the context's default), as torch.compile
+# can trace it where torch is there.
+_arithmetic = _torch_ops.arithmetic_code if _torch_ops is not None else arithmetic_code
 
 
 # --- 1. FWHT + fp8 quant ----------------------------------------------------------
-def fwht128_quant_fp8(q: Array) -> Tuple[Array, Array]:
+def fwht128_quant_fp8(q: Array, *, arithmetic: Optional[str] = None) -> Tuple[Array, Array]:
     """Hadamard-128 rotation of each bf16 row of ``q [rows, 128]``, then
     per-row ue8m0-scaled e4m3 quantization.
 
@@ -129,11 +138,11 @@ def fwht128_quant_fp8(q: Array) -> Tuple[Array, Array]:
     (numpy: uint8 codes and float32 scales).
     """
     if isinstance(q, _TORCH_TENSOR):
-        return _torch_ops.fwht128_quant_fp8(q)
+        return _torch_ops.fwht128_quant_fp8(q, _arithmetic(arithmetic))
     rows = require_ndim(q, "q", (2,), "[rows, 128]")[0]
     q_fp8 = empty(q, (rows, INDEX_HEAD_DIM), KPOOL_DTYPE_FLOAT8_E4M3FN)
     q_scale = empty(q, (rows, 1), KPOOL_DTYPE_FLOAT32)
-    _c.fwht128_quant_fp8(q, q_fp8, q_scale)
+    _c.fwht128_quant_fp8(q, q_fp8, q_scale, _arithmetic(arithmetic))
     return q_fp8, q_scale
 
 
@@ -150,6 +159,8 @@ def kpool_compress_and_write_cache(
     round_scale: bool = True,
     return_compressed: bool = False,
     write_cache: bool = True,
+    *,
+    arithmetic: Optional[str] = None,
 ) -> Optional[Tuple[Array, Array]]:
     """Softmax-pool each pool's ``pool_size`` tokens, rotate, quantize, and
     write one row (128 e4m3 bytes + one f32 scale) of the paged ``kv_cache``
@@ -167,7 +178,8 @@ def kpool_compress_and_write_cache(
     """
     if isinstance(slot_k, _TORCH_TENSOR):
         return _torch_ops.compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, pool_size, head_dim,
-                                                   write_mask, round_scale, return_compressed, write_cache)
+                                                   write_mask, round_scale, return_compressed, write_cache,
+                                                   _arithmetic(arithmetic))
     n = require_ndim(slot_k, "slot_k", (3,), "[n_pools, pool_size, 128]")[0]
     if slot_score is not None and is_float_dtype(slot_score) and kpool_dtype(slot_score, "slot_score") not in (
             KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32):
@@ -180,7 +192,7 @@ def kpool_compress_and_write_cache(
         compressed_scale = empty(slot_k, (n,), KPOOL_DTYPE_FLOAT32)
     _c.compress_and_write_cache(kv_cache if write_cache else None, slot_k, slot_score, ape, loc, write_mask,
                                 compressed_k, compressed_scale, pool_size, head_dim, int(bool(round_scale)),
-                                int(bool(write_cache)))
+                                int(bool(write_cache)), _arithmetic(arithmetic))
     if return_compressed:
         return compressed_k, compressed_scale
     return None
@@ -199,6 +211,8 @@ def kpool_compress_tokens_and_write_cache(
     tail_kv_cache: Optional[Array] = None,
     tail_slot_mapping: Optional[Array] = None,
     positions: Optional[Array] = None,
+    *,
+    arithmetic: Optional[str] = None,
 ) -> None:
     """The prefill insert as an engine holds its tokens, in one call: every
     pool a token completes, compressed from ``key`` / ``gate_score``
@@ -223,7 +237,7 @@ def kpool_compress_tokens_and_write_cache(
     if isinstance(key, _TORCH_TENSOR):
         return _torch_ops.compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mapping, pool_size,
                                                           head_dim, round_scale, tail_kv_cache, tail_slot_mapping,
-                                                          positions)
+                                                          positions, _arithmetic(arithmetic))
     if positions is not None:
         slot_mapping, tail_slot_mapping, positions = _same_index_dtype(
             ("slot_mapping", slot_mapping), ("tail_slot_mapping", tail_slot_mapping), ("positions", positions))
@@ -232,13 +246,13 @@ def kpool_compress_tokens_and_write_cache(
         tail_slot_mapping = _converted(tail_slot_mapping, "tail_slot_mapping", KPOOL_DTYPE_INT32)
     _c.compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, _index_ids(slot_mapping, "slot_mapping"),
                                        tail_kv_cache, tail_slot_mapping, positions, _i32(pool_size, "pool_size"),
-                                       _i32(head_dim, "head_dim"), int(bool(round_scale)))
+                                       _i32(head_dim, "head_dim"), int(bool(round_scale)), _arithmetic(arithmetic))
     return None
 
 
 # --- 3. seed the tail rings ----------------------------------------------------------
 def kpool_seed_tail_cache(tail_kv_cache: Array, key: Array, gate_score: Array, tslot: Array, kpool: int,
-                          head_dim: int = INDEX_HEAD_DIM) -> None:
+                          head_dim: int = INDEX_HEAD_DIM, *, arithmetic: Optional[str] = None) -> None:
     """Copy each request's last ``kpool`` (= pool size) prefill tokens, raw K
     and gate score, into its tail ring, in place.
 
@@ -248,10 +262,12 @@ def kpool_seed_tail_cache(tail_kv_cache: Array, key: Array, gate_score: Array, t
     negative = padding; other integer dtypes converted). Returns None.
     """
     if isinstance(key, _TORCH_TENSOR):
-        return _torch_ops.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, kpool, head_dim)
+        return _torch_ops.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, kpool, head_dim,
+                                          _arithmetic(arithmetic))
     if kpool_dtype(tslot, "tslot") not in (KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64):
         tslot = _converted(tslot, "tslot", KPOOL_DTYPE_INT32)  # int8, int16, uint8 ...: the same values
-    _c.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, _i32(kpool, "kpool"), _i32(head_dim, "head_dim"))
+    _c.seed_tail_cache(tail_kv_cache, key, gate_score, tslot, _i32(kpool, "kpool"), _i32(head_dim, "head_dim"),
+                       _arithmetic(arithmetic))
     return None
 
 
@@ -270,6 +286,7 @@ def kpool_decode_update_and_maybe_write_cache_batched(
     round_scale: bool = True,
     *,
     return_skipped: bool = False,
+    arithmetic: Optional[str] = None,
 ) -> Optional[int]:
     """One decode step of ``B`` requests x ``N`` tokens, each request's tokens
     in order: a token that completes a pool (``slot_mapping >= 0``,
@@ -291,11 +308,11 @@ def kpool_decode_update_and_maybe_write_cache_batched(
     if isinstance(key, _TORCH_TENSOR):
         return _torch_ops.decode_update_and_maybe_write_cache_batched(
             kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
-            head_dim, round_scale, return_skipped)
+            head_dim, round_scale, return_skipped, _arithmetic(arithmetic))
     tail_slot_mapping, slot_mapping, positions = _decode_indices(tail_slot_mapping, slot_mapping, positions)
     skipped = _c.decode_update_and_maybe_write_cache_batched(
         kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
-        _i32(pool_size, "pool_size"), _i32(head_dim, "head_dim"), int(bool(round_scale)))
+        _i32(pool_size, "pool_size"), _i32(head_dim, "head_dim"), int(bool(round_scale)), _arithmetic(arithmetic))
     return skipped if return_skipped else None
 
 
@@ -315,6 +332,7 @@ def kpool_decode_update_and_maybe_write_cache_ragged(
     *,
     max_query_len: Optional[int] = None,
     return_skipped: bool = False,
+    arithmetic: Optional[str] = None,
 ) -> Optional[int]:
     """One decode step on the tokens as a ragged batch holds them (plain
     decode mixed with speculative verify), in one launch with no host
@@ -333,14 +351,14 @@ def kpool_decode_update_and_maybe_write_cache_ragged(
     if isinstance(key, _TORCH_TENSOR):
         return _torch_ops.decode_update_and_maybe_write_cache_ragged(
             kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
-            query_start_loc, pool_size, head_dim, round_scale, max_query_len, return_skipped)
+            query_start_loc, pool_size, head_dim, round_scale, max_query_len, return_skipped, _arithmetic(arithmetic))
     tail_slot_mapping, slot_mapping, positions, query_start_loc = _same_index_dtype(
         ("tail_slot_mapping", tail_slot_mapping), ("slot_mapping", slot_mapping), ("positions", positions),
         ("query_start_loc", query_start_loc))
     skipped = _c.decode_update_and_maybe_write_cache_ragged(
         kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, query_start_loc,
         _max_query_len(max_query_len), _i32(pool_size, "pool_size"), _i32(head_dim, "head_dim"),
-        int(bool(round_scale)))
+        int(bool(round_scale)), _arithmetic(arithmetic))
     return skipped if return_skipped else None
 
 
@@ -379,7 +397,7 @@ def _index_ids(ids, name):
 
 def expand_pools_to_tokens(group_ids: Array, group_valid: Array, topk: int, pool_size: int,
                            page_table: Optional[Array] = None, topk_offsets: Optional[Array] = None, *,
-                           out: Optional[Array] = None) -> Array:
+                           out: Optional[Array] = None, arithmetic: Optional[str] = None) -> Array:
     """Expand selected pool ids ``[rows, topk / P]`` to token ids
     ``[rows, topk]`` int32 (pool ``g`` -> tokens ``g*P .. g*P+P-1``), -1 where
     ``group_valid`` is false; optionally through ``page_table [R >= rows, W]``
@@ -389,20 +407,21 @@ def expand_pools_to_tokens(group_ids: Array, group_valid: Array, topk: int, pool
     written there and ``out`` is returned."""
     if isinstance(group_ids, _TORCH_TENSOR):
         return _torch_ops.expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets,
-                                                 out)
+                                                 _arithmetic(arithmetic), out)
     rows = require_ndim(group_ids, "group_ids", (2,), "[rows, topk / pool_size]")[0]
     topk = _i32(topk, "topk")
     pool_size = _i32(pool_size, "pool_size")
     group_ids = _index_ids(group_ids, "group_ids")
     page_table, topk_offsets = _token_map(page_table, topk_offsets)
     out = _output(out, group_ids, (rows, max(topk, 0)))
-    _c.expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size)
+    _c.expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size,
+                              _arithmetic(arithmetic))
     return out
 
 
 def append_tail_to_topk(topk_result: Array, seq_lens: Array, pool_lens: Array, pool_size: int,
                         page_table: Optional[Array] = None, topk_offsets: Optional[Array] = None, *,
-                        out: Optional[Array] = None) -> Array:
+                        out: Optional[Array] = None, arithmetic: Optional[str] = None) -> Array:
     """Append each row's incomplete trailing pool (tokens
     ``[pool_len * P, seq_len)``, then -1) after its ``topk_result [rows, C]``
     int32 history: returns ``[rows, C + P - 1]`` int32. Tail token ids go
@@ -416,7 +435,7 @@ def append_tail_to_topk(topk_result: Array, seq_lens: Array, pool_lens: Array, p
     """
     if isinstance(topk_result, _TORCH_TENSOR):
         return _torch_ops.append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets,
-                                              out)
+                                              _arithmetic(arithmetic), out)
     if kpool_dtype(topk_result, "topk_result") != KPOOL_DTYPE_INT32:
         raise KpoolTypeError(f"topk_result has dtype {dtype_label(topk_result)}, expected int32")
     require_ndim(seq_lens, "seq_lens", (1,), "[rows]")
@@ -429,12 +448,14 @@ def append_tail_to_topk(topk_result: Array, seq_lens: Array, pool_lens: Array, p
     pool_lens = _converted(pool_lens, "pool_lens", KPOOL_DTYPE_INT32)
     page_table, topk_offsets = _token_map(page_table, topk_offsets)
     out = _output(out, topk_result, (rows, max(cols + pool_size - 1, 0)))
-    _c.append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size)
+    _c.append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size,
+                           _arithmetic(arithmetic))
     return out
 
 
 def expand_pools_and_append_tail(pool_ids: Array, seq_lens: Array, pool_size: int,
-                                 bound_pool_ids: bool = False, *, out: Optional[Array] = None) -> Array:
+                                 bound_pool_ids: bool = False, *, out: Optional[Array] = None,
+                                 arithmetic: Optional[str] = None) -> Array:
     """``expand_pools_to_tokens`` + ``append_tail_to_topk`` on the identity
     path in one kernel: ``pool_ids [rows, G]`` (negative = none) and
     ``seq_lens [rows]`` -> int32 ``[rows, G*P + P-1]``, the trailing pool
@@ -449,13 +470,15 @@ def expand_pools_and_append_tail(pool_ids: Array, seq_lens: Array, pool_size: in
     """
     _flag(bound_pool_ids, "bound_pool_ids")
     if isinstance(pool_ids, _TORCH_TENSOR):
-        return _torch_ops.expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids, out)
+        return _torch_ops.expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids,
+                                                       _arithmetic(arithmetic), out)
     rows, groups = require_ndim(pool_ids, "pool_ids", (2,), "[rows, n_groups]")
     pool_size = _i32(pool_size, "pool_size")
     pool_ids = _index_ids(pool_ids, "pool_ids")
     seq_lens = _converted(seq_lens, "seq_lens", KPOOL_DTYPE_INT32)
     out = _output(out, pool_ids, (rows, max(groups * pool_size + pool_size - 1, 0)))
-    _c.expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, int(bool(bound_pool_ids)))
+    _c.expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, int(bool(bound_pool_ids)),
+                                    _arithmetic(arithmetic))
     return out
 
 

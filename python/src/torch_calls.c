@@ -12,7 +12,9 @@
  * libkpool.so the package loaded, so both paths always run the same library.
  *
  * Each function mirrors its kpool_* entry point, tensors and int parameters
- * in the C order; the C API validates everything. What is checked here is
+ * in the C order, then optionally the call's kpool_arithmetic (prepare():
+ * every function takes it, KPOOL_ARITHMETIC_DEFAULT when left out); the C
+ * API validates everything. What is checked here is
  * only what a descriptor cannot carry: a dtype kpool has no code for, more
  * than KPOOL_MAX_DIMS dims, a device other than cpu / cuda, an int outside
  * int32.
@@ -49,10 +51,12 @@ static PyObject *current_stream;             /* torch._C._cuda_getCurrentRawStre
 static PyObject *error_for;                  /* (code, message) -> KpoolError */
 static PyObject *type_error, *value_error, *runtime_error;
 
-/* The process-wide execution options (kpool.set_arithmetic, set_index_errors). */
-static int32_t arithmetic;
-static int32_t index_errors_device = -1;
-static int32_t *index_errors;
+/* Each CUDA device's index-error words (kpool.set_index_errors): the
+ * tensors, held here so that their memory outlives every call that was
+ * given it, and their addresses by device index. */
+#define MAX_INDEX_ERROR_DEVICES 64
+static PyObject *index_words;
+static int32_t *index_words_at[MAX_INDEX_ERROR_DEVICES];
 
 static PyObject *s_dtype, *s_shape, *s_stride, *s_data_ptr, *s_is_cuda, *s_is_cpu, *s_get_device,
     *s_contiguous, *s_cdata;
@@ -318,12 +322,11 @@ static int int32_arg(PyObject *v, const char *name, int32_t *out) {
     return 0;
 }
 
-/* The kpool_exec of a call: torch's current stream on the device of its
- * first CUDA tensor (NULL for host calls), the arithmetic, and the
- * index-error words when they live on that device. */
+/* The kpool_exec of a call (its arithmetic already set): torch's current
+ * stream on the device of its first CUDA tensor (NULL for host calls), and
+ * that device's index-error words. */
 static int prepare_exec(call *c) {
     c->exec.stream = NULL;
-    c->exec.arithmetic = arithmetic;
     c->exec.index_errors = NULL;
     if (c->cuda_index < 0) return 0;
     const uint64_t bit = c->cuda_index < 64 ? (uint64_t)1 << c->cuda_index : 0;
@@ -344,7 +347,7 @@ static int prepare_exec(call *c) {
             shim.get_current_stream = NULL;
     }
 stream_read:
-    if (index_errors_device == c->cuda_index) c->exec.index_errors = index_errors;
+    if (c->cuda_index < MAX_INDEX_ERROR_DEVICES) c->exec.index_errors = index_words_at[c->cuda_index];
     return 0;
 }
 
@@ -412,8 +415,14 @@ static kpool_status_code invoke(const op_spec *op, call *c, const int32_t *v, kp
     return KPOOL_ERROR_INTERNAL;
 }
 
-/* Describes a call from Python arguments (tensors or None, then ints) into
- * *c and values; -1 with an exception set on a bad argument. */
+/* Whether a function given nargs arguments has an op's `count`, and
+ * perhaps the arithmetic after them. */
+#define TAKES(nargs, count) ((nargs) == (count) || (nargs) == (count) + 1)
+
+/* Describes a call from Python arguments (tensors or None, then ints, then
+ * optionally the arithmetic) into *c and values; -1 with an exception set
+ * on a bad argument. The arithmetic is each call's own: one thread's
+ * calls never see another's. */
 static int prepare(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, call *c, int32_t *values) {
     memset(c, 0, sizeof *c);
     c->cuda_index = -1;
@@ -421,15 +430,18 @@ static int prepare(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, c
         PyErr_SetString(PyExc_RuntimeError, "kpool._torch_calls: bind() was not called");
         return -1;
     }
-    if (nargs != op->tensors + op->ints) {
-        PyErr_Format(PyExc_TypeError, "%s takes %d arguments (%zd given)", op->name, op->tensors + op->ints,
-                     nargs);
+    const int count = op->tensors + op->ints;
+    if (!TAKES(nargs, count)) {
+        PyErr_Format(PyExc_TypeError, "%s takes %d arguments, then optionally the arithmetic (%zd given)", op->name,
+                     count, nargs);
         return -1;
     }
     for (int i = 0; i < op->tensors; i++)
         if (describe(c, i, args[i], op->tensor_names[i], op->flags[i])) return -1;
     for (int i = 0; i < op->ints; i++)
         if (int32_arg(args[op->tensors + i], op->int_names[i], &values[i])) return -1;
+    c->exec.arithmetic = KPOOL_ARITHMETIC_DEFAULT;
+    if (nargs > count && int32_arg(args[count], "arithmetic", &c->exec.arithmetic)) return -1;
     return prepare_exec(c);
 }
 
@@ -523,6 +535,13 @@ static int shaped_like(PyObject *t, int ndim, kpool_tensor *d) {
     return shim.steal && read_native(t, d) && d->ndim == ndim;
 }
 
+/* Whether a *_new function was given its op's `count` arguments, then
+ * perhaps an int (the arithmetic): else the caller's path names what is
+ * wrong. */
+static int takes_new(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t count) {
+    return nargs == count || (nargs == count + 1 && PyLong_Check(args[count]));
+}
+
 /* v as an int32 (an int or a bool), else 0: the caller's path names it. */
 static int small_int(PyObject *v, int64_t *out) {
     long long i = PyLong_AsLongLong(v);
@@ -585,7 +604,7 @@ static int new_outputs(const kpool_tensor *like, const outputs_spec *out, PyObje
 static PyObject *run_new(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, const kpool_tensor *like,
                          const outputs_spec *out) {
     PyObject *tensors[MAX_OUTPUTS] = {NULL, NULL};
-    PyObject *full[MAX_TENSORS + 4];
+    PyObject *full[MAX_TENSORS + 4 + 1]; /* tensors, ints, the arithmetic */
     const int made = new_outputs(like, out, tensors);
     if (made <= 0) {
         if (made < 0) return NULL;
@@ -609,7 +628,7 @@ static PyObject *run_new(const op_spec *op, PyObject *const *args, Py_ssize_t na
 static PyObject *quantized_rows_new(const op_spec *op, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
                                     int like, int like_ndim, int at, int scale_ndim) {
     kpool_tensor t;
-    if (nargs != want || !shaped_like(args[like], like_ndim, &t)) Py_RETURN_NOTIMPLEMENTED;
+    if (!takes_new(args, nargs, want) || !shaped_like(args[like], like_ndim, &t)) Py_RETURN_NOTIMPLEMENTED;
     const outputs_spec out = {2, {at, at + 1}, {2, scale_ndim}, {{t.shape[0], KPOOL_HEAD_DIM}, {t.shape[0], 1}},
                               {KPOOL_DTYPE_FLOAT8_E4M3FN, KPOOL_DTYPE_FLOAT32}};
     return run_new(op, args, nargs, &t, &out);
@@ -642,7 +661,7 @@ static PyObject *expand_pools_and_append_tail_new(PyObject *self, PyObject *cons
     (void)self;
     kpool_tensor ids;
     int64_t pool_size, cols;
-    if (nargs != 4 || !shaped_like(args[0], 2, &ids) || !small_int(args[2], &pool_size) ||
+    if (!takes_new(args, nargs, 4) || !shaped_like(args[0], 2, &ids) || !small_int(args[2], &pool_size) ||
         __builtin_mul_overflow(ids.shape[1], pool_size, &cols) || __builtin_add_overflow(cols, pool_size - 1, &cols))
         Py_RETURN_NOTIMPLEMENTED;
     return token_ids_new(&EXPAND_AND_APPEND_SPEC, args, nargs, &ids, 2, cols);
@@ -654,7 +673,7 @@ static PyObject *expand_pools_to_tokens_new(PyObject *self, PyObject *const *arg
     (void)self;
     kpool_tensor ids;
     int64_t topk;
-    if (nargs != 6 || !shaped_like(args[0], 2, &ids) || !small_int(args[4], &topk)) Py_RETURN_NOTIMPLEMENTED;
+    if (!takes_new(args, nargs, 6) || !shaped_like(args[0], 2, &ids) || !small_int(args[4], &topk)) Py_RETURN_NOTIMPLEMENTED;
     return token_ids_new(&EXPAND_TO_TOKENS_SPEC, args, nargs, &ids, 4, topk);
 }
 
@@ -664,7 +683,7 @@ static PyObject *append_tail_to_topk_new(PyObject *self, PyObject *const *args, 
     (void)self;
     kpool_tensor result;
     int64_t pool_size, cols;
-    if (nargs != 6 || !shaped_like(args[0], 2, &result) || !small_int(args[5], &pool_size) ||
+    if (!takes_new(args, nargs, 6) || !shaped_like(args[0], 2, &result) || !small_int(args[5], &pool_size) ||
         __builtin_add_overflow(result.shape[1], pool_size - 1, &cols))
         Py_RETURN_NOTIMPLEMENTED;
     return token_ids_new(&APPEND_TAIL_SPEC, args, nargs, &result, 5, cols);
@@ -884,28 +903,31 @@ static PyObject *bind_output_allocator(PyObject *self, PyObject *const *args, Py
     return PyBool_FromLong(agrees);
 }
 
-/* configure(arithmetic, index_errors_device, index_errors_address): the
- * execution options of later calls (address 0: no index-error words). */
-static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* set_index_errors(words, addresses): the index-error words of later
+ * calls, a tuple of tensors (or None) by CUDA device index, and their
+ * addresses. The tensors are held until the next set_index_errors. */
+static PyObject *set_index_errors(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "configure(arithmetic, index_errors_device, index_errors_address)");
+    if (nargs != 2 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) ||
+        PyTuple_Size(args[0]) != PyTuple_Size(args[1]) || PyTuple_Size(args[0]) > MAX_INDEX_ERROR_DEVICES) {
+        PyErr_Format(PyExc_TypeError, "set_index_errors(words, addresses): two tuples of one length, at most %d",
+                     MAX_INDEX_ERROR_DEVICES);
         return NULL;
     }
-    long a = PyLong_AsLong(args[0]);
-    long device = PyLong_AsLong(args[1]);
-    void *words = PyLong_AsVoidPtr(args[2]);
-    if (PyErr_Occurred()) return NULL;
-    arithmetic = (int32_t)a;
-    index_errors_device = words ? (int32_t)device : -1;
-    index_errors = (int32_t *)words;
+    int32_t *at[MAX_INDEX_ERROR_DEVICES] = {NULL};
+    for (Py_ssize_t i = 0; i < PyTuple_Size(args[1]); i++) {
+        at[i] = (int32_t *)PyLong_AsVoidPtr(PyTuple_GetItem(args[1], i));
+        if (PyErr_Occurred()) return NULL;
+    }
+    replace(&index_words, args[0]);
+    memcpy(index_words_at, at, sizeof at);
     Py_RETURN_NONE;
 }
 
 #define FASTCALL(fn, doc) {#fn, (PyCFunction)(void (*)(void))fn, METH_FASTCALL, doc}
 static PyMethodDef methods[] = {
     FASTCALL(bind, "Hands over the library's entry points, torch's dtypes, its stream getter and kpool's errors."),
-    FASTCALL(configure, "Sets the arithmetic and the index-error words of later calls."),
+    FASTCALL(set_index_errors, "Sets (and holds) each CUDA device's index-error words for later calls."),
     FASTCALL(bind_tensor_shim, "Reads tensors through torch's C shim when it agrees with the Python interface."),
     FASTCALL(bind_output_allocator, "Allocates the *_new functions' outputs through torch's C shim once a probe "
                                     "agrees."),

@@ -1,5 +1,5 @@
 # cmake -P: what the SDK's libraries expose (cmake/kpool.map).
-#   libkpool.so: SONAME libkpool.so.<major>.<minor>, and its exported
+#   libkpool.so: SONAME libkpool.so.<major>.<minor>.<build>, and its exported
 #     functions are exactly the C API: the functions kpool.h declares (and
 #     the tuner's kpool_tune_select in a tuning build).
 #   sdk/libkpool.a: no global symbol of the Halide runtime or of kpool's
@@ -36,9 +36,9 @@ message(STATUS "libkpool.so exports the C API alone")
 execute_process(COMMAND "${READELF}" -d "${SHARED}" OUTPUT_VARIABLE dynamic)
 string(REGEX MATCH "Library soname: \\[([a-z0-9._]+)\\]" soname "${dynamic}")
 set(soname "${CMAKE_MATCH_1}")
-string(REGEX MATCH "^[0-9]+\\.[0-9]+" major_minor "${VERSION}")
-if (NOT soname STREQUAL "libkpool.so.${major_minor}")
-    message(FATAL_ERROR "libkpool.so has SONAME '${soname}', expected libkpool.so.${major_minor}")
+string(REGEX MATCH "^([0-9]+)\\.([0-9]+)" major_minor "${VERSION}")
+if (NOT soname MATCHES "^libkpool\\.so\\.${CMAKE_MATCH_1}\\.${CMAKE_MATCH_2}\\.[0-9a-f]+$")
+    message(FATAL_ERROR "libkpool.so has SONAME '${soname}', expected libkpool.so.${major_minor}.<build>")
 endif ()
 
 symbols(globals -g --defined-only "${ARCHIVE}")
