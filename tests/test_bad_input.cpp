@@ -701,7 +701,7 @@ TEST(PoolSizes, OneRuleOnEveryDevice) {
         compress.check({"pool_size"}, KPOOL_ERROR_UNSUPPORTED);
         decode.check({"pool_size"}, KPOOL_ERROR_UNSUPPORTED);
         // A decode without a K cache would only stash (no variant to run): refused all the same.
-        decode.cache = HostTensor(KPOOL_DTYPE_UINT8, {0, DecodeCall::kBlockSize, kRowBytes});
+        decode.cache = canary_cache(0, DecodeCall::kBlockSize, DecodeCall::kBlockSize * kRowBytes);
         decode.c = decode.cache.desc();
         decode.check({"pool_size"}, KPOOL_ERROR_UNSUPPORTED);
     }

@@ -203,7 +203,7 @@ struct DecodeBatch {
 };
 
 TEST(Duplicates, DecodeStashesWithinARequestAreOrderedLastWins) {
-    for (int P : {KPOOL_POOL_SIZE_LIST}) {
+    for (int P : {4, 8}) {  // (3 rings of 16 would outgrow the cache)
         std::mt19937 rng(1000 + P);
         // One request of N = 3 * ring tokens: every ring slot is stashed
         // three times in the call, completions read the call's own stashes.
