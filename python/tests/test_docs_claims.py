@@ -43,13 +43,15 @@ def test_versions_agree():
 
 
 def test_wheel_tag_and_python_requirement():
-    """README's wheel file name carries pyproject's version and abi3 tag, and
-    requires-python is the tag's lowest Python."""
+    """The wheel file names of README and python/README carry pyproject's
+    version, its abi3 tag and the manylinux tag auditwheel gives
+    (wheel.fresh_venv checks that tag's glibc), and requires-python is the
+    abi3 tag's lowest Python."""
     api = _pyproject("wheel.py-api")  # "cp311": the limited API of 3.11
-    tag = f"{api}-abi3-linux_x86_64"
-    wheels = re.findall(r"kpool-[0-9.]+-[a-z0-9_]+-[a-z0-9_]+-[a-z0-9_]+\.whl", README)
-    assert wheels == [f"kpool-{_pyproject('version')}-{tag}.whl"]
-    assert f"`{tag}`" in PY_README
+    name = f"kpool-{_pyproject('version')}-{api}-abi3-manylinux_2_34_x86_64.whl"
+    for text in (README, PY_README):
+        assert set(re.findall(r"kpool-[0-9.]+-[a-z0-9_]+-[a-z0-9_]+-[a-z0-9_]+\.whl", text)) == {name}
+    assert f"`{api}-abi3` tag" in PY_README
     lowest = f"{api[2]}.{api[3:]}"
     assert _pyproject("requires-python") == f">={lowest}"
     assert f"CPython >= {lowest}" in PY_README
