@@ -6,7 +6,8 @@
 #   bash bench/pack_for_gpu.sh [--tune FAMILY [plan options]]
 #
 # - build-gpu/bin.tar.xz: the library, the torch call extension, the test
-#   binary and the CLI of a fresh `scripts/kpool.sh build`;
+#   binary and the CLI of a fresh `scripts/kpool.sh build`, and the engine
+#   extension example built against its SDK (where .venv has torch);
 # - with --tune: a tuning bundle of FAMILY (tools/tune/kpool_tune.py plan,
 #   default --max 10 --every-value: each legal value of each knob is also a
 #   candidate, so the tuner's pre-flight on the GPU runs every value the
@@ -36,8 +37,23 @@ fi
 bash scripts/kpool.sh build
 rm -rf "$pack"
 mkdir -p "$pack"
+# The engine extension example (examples/torch_extension) against this
+# build's SDK and the venv's torch (the GPU machine's version), where torch
+# is installed.
+extension=()
+if .venv/bin/python -c 'import torch' 2>/dev/null; then
+    .venv/bin/cmake --install build --prefix build/engine-sdk >/dev/null
+    .venv/bin/cmake -S examples/torch_extension -B build/engine-ext -G Ninja -DCMAKE_MAKE_PROGRAM="$PWD/.venv/bin/ninja" \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_PREFIX_PATH="$PWD/build/engine-sdk;$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+    .venv/bin/cmake --build build/engine-ext
+    extension=(build/engine-ext/libkpool_engine_ops.so)
+else
+    echo "note: no torch in .venv: the engine extension example is not packed" >&2
+fi
 # -h: build/libkpool.so is the symlink to the versioned library; carry the file.
-tar chJf "$pack/bin.tar.xz" build/libkpool.so build/_torch_calls.abi3.so build/tests/kpool_tests build/tools/kpool
+tar chJf "$pack/bin.tar.xz" build/libkpool.so build/_torch_calls.abi3.so build/tests/kpool_tests build/tools/kpool \
+    "${extension[@]}"
 if [ -n "$tune_family" ]; then
     PATH="$PWD/.venv/bin:$PATH" .venv/bin/python tools/tune/kpool_tune.py plan "$tune_family" build-tune \
         "${plan_args[@]}"

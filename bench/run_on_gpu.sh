@@ -2,7 +2,7 @@
 # One call on a GPU machine that has no Halide: the GPU tests, the dump check
 # and the demo on the device, the benchmark next to the Triton reference, the
 # Python side-by-side test, the torch custom operators under torch.compile
-# (CUDA graphs), the host time per call from Python, the benchmark in the
+# (CUDA graphs), the engine extension example (kpool/torch.hpp), the host time per call from Python, the benchmark in the
 # exact arithmetic, compute-sanitizer (memcheck on the replay of the fuzz
 # corpus, racecheck and memcheck on the GPU tests, synccheck on the decode
 # tests), and (with
@@ -112,6 +112,18 @@ step "compute-sanitizer memcheck (index-error words replaced after a capture, re
     python3 -m pytest python/tests/test_gpu_process_state.py -q -p no:cacheprovider -k index_error_words
 while read -r line; do summary+=("  $line"); done < <(grep -E 'ERROR SUMMARY|passed|failed' \
     "$out/memcheck_index_words.log" | head -4)
+# An engine's C++ extension with kpool's ops (include/kpool/torch.hpp,
+# examples/torch_extension, packed by bench/pack_for_gpu.sh) on CUDA tensors:
+# the same bytes as torch.ops.kpool, out variants, opcheck, torch.compile,
+# the warm-up and a CUDA graph captured on a side stream.
+if [ -f build/engine-ext/libkpool_engine_ops.so ]; then
+    step "engine extension (kpool/torch.hpp) on CUDA tensors" torch_extension.log \
+        env KPOOL_ENGINE_OPS=build/engine-ext/libkpool_engine_ops.so KPOOL_TEST_DEVICE=cuda \
+        python3 -m pytest examples/torch_extension/test_extension.py -q -p no:cacheprovider
+    summary+=("  $(tail -1 "$out/torch_extension.log")")
+else
+    summary+=("engine extension: not packed (no torch where bench/pack_for_gpu.sh ran)")
+fi
 # compute-sanitizer, each run capped at KPOOL_SANITIZER_S seconds (default
 # 100; a capped run reports rc=124): memcheck on the CUDA replay of the fuzz
 # corpus (hostile calls through device memory; KPOOL_FUZZ_REPLAY_LIMIT

@@ -3,6 +3,7 @@
 # The C/C++ SDK that `cmake --install <build> --prefix <dir>` writes:
 #
 #   include/kpool/kpool.h, kpool.hpp   the C API and its C++ wrapper
+#   include/kpool/torch.hpp            header-only ops for engines built with torch's C++ API
 #   lib/libkpool.a                     the runtime, every kernel variant and the Halide runtime, as
 #                                      one object whose only global kpool and Halide symbols are
 #                                      the C API (cmake/kpool.map)
