@@ -98,7 +98,7 @@ AnyKernel require_kernel(const VariantKey &key, const char *op) {
     if (k == nullptr) {
         throw unsupported() << op << ": no " << name(key.family) << " kernel variant was built for pool_size = "
                             << key.pool_size << ", type " << name(key.type) << ", arithmetic " << name(key.arithmetic)
-                            << " (see KPOOL_VARIANT_POOL_SIZES / KPOOL_CUDA_ARITHMETICS)";
+                            << " (see KPOOL_MAX_POOL_SIZE / KPOOL_CUDA_POOL_SIZES / KPOOL_CUDA_ARITHMETICS)";
     }
     return k;
 }

@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <limits>
-#include <string>
 
 namespace kpool::rt {
 
@@ -242,19 +241,6 @@ void require_pool_size(int32_t pool_size) {
     if (pool_size < 1 || pool_size > KPOOL_MAX_POOL_SIZE || (pool_size & (pool_size - 1)) != 0) {
         throw invalid() << "pool_size = " << pool_size << " is not a power of two in [1, " << KPOOL_MAX_POOL_SIZE << "]";
     }
-}
-
-void require_pool_size_with_variants(int32_t pool_size) {
-    const int32_t built[] = {KPOOL_POOL_SIZE_LIST};
-    std::string list;
-    for (int32_t p : built) {
-        if (p == pool_size) {
-            return;
-        }
-        list += (list.empty() ? "" : ", ") + std::to_string(p);
-    }
-    throw unsupported() << "pool_size = " << pool_size << " has no kernel variant: compress and decode are built for "
-                        << list << " on every device (KPOOL_VARIANT_POOL_SIZES)";
 }
 
 void require_head_dim(int32_t head_dim) {

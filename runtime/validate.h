@@ -42,11 +42,6 @@ void require_int32_strides(const TensorArg &a);
 void require_row_scales_shape(const TensorArg &scales);
 void require_same_device(const std::vector<const TensorArg *> &args);
 void require_pool_size(int32_t pool_size);
-// compress and decode: one of the pool sizes their kernels are built for,
-// the same on every device (KPOOL_VARIANT_POOL_SIZES, kpool.h), else
-// KPOOL_ERROR_UNSUPPORTED before anything runs, whatever the call would
-// launch (a decode without a K cache only stashes, yet is refused too).
-void require_pool_size_with_variants(int32_t pool_size);
 void require_head_dim(int32_t head_dim);
 
 // The arguments several ops share, each checked as kpool.h describes it.

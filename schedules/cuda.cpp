@@ -845,7 +845,7 @@ void schedule_expand(ExpandStages &s, const BuildPlan &build) {
         .gpu_blocks(s.row, cb)
         .gpu_threads(ct)
         .vectorize(cv);
-    for (int P : {KPOOL_POOL_SIZE_LIST}) {  // the pool sizes with compress variants (CMakeLists.txt)
+    for (int P : {KPOOL_CUDA_POOL_SIZE_LIST}) {  // the pool sizes with CUDA compress variants (CMakeLists.txt)
         s.out.specialize(s.pool_size == P);
     }
 }

@@ -73,8 +73,8 @@ using kpool_support::Device;
 using kpool_support::DeviceBuffer;
 namespace cu = kpool_support::cuda;
 
-// The pool sizes with a compress / decode variant (KPOOL_POOL_SIZES).
-inline constexpr int kGpuPoolSizes[] = {KPOOL_POOL_SIZE_LIST};
+// The pool sizes with a CUDA compress / decode variant (KPOOL_CUDA_POOL_SIZES).
+inline constexpr int kGpuPoolSizes[] = {KPOOL_CUDA_POOL_SIZE_LIST};
 // The expand ops take P at run time, specialized for those on CUDA:
 // both the specializations and the general kernel.
 inline constexpr int kGpuExpandPoolSizes[] = {1, 2, 4, 8, 16, 32};

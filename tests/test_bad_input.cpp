@@ -9,12 +9,9 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
-#include <map>
-#include <set>
 #include <string>
 #include <vector>
 
-#include "kpool_variants.inc"  // KPOOL_FOR_EACH_VARIANT: the build's kernel variants
 #include "test_util.h"
 
 namespace kpool_test {
@@ -665,47 +662,6 @@ struct DecodeCall {
         EXPECT_UNTOUCHED(tail);
     }
 };
-
-// One rule for the pool sizes of compress and decode (kpool.h,
-// KPOOL_VARIANT_POOL_SIZES): the build's variant table holds their kernels
-// for the same sizes on the CPU and on every GPU family it built, in every
-// arithmetic, index and score type; and a call with any other power of two
-// is refused before anything runs (KPOOL_ERROR_UNSUPPORTED, naming
-// pool_size), with nothing written; on the GPU that is the same table's
-// answer (GpuCompress and GpuDecode run every listed size there).
-TEST(PoolSizes, OneRuleOnEveryDevice) {
-    const std::set<int> built = {KPOOL_POOL_SIZE_LIST};
-    std::map<std::string, std::set<int>> sizes;  // family, kind, type, arithmetic -> pool sizes
-    bool cpu = false;
-#define KPOOL_POOL_SIZES_OF(family, kind, pool_size, type, arithmetic, function)                          \
-    if (pool_size > 0) {                                                                                    \
-        sizes[std::string(#family) + " " #kind " " #type " " #arithmetic].insert(pool_size);               \
-        cpu = cpu || std::string(#family) == "cpu";                                                        \
-    }
-    KPOOL_FOR_EACH_VARIANT(KPOOL_POOL_SIZES_OF)
-#undef KPOOL_POOL_SIZES_OF
-    EXPECT_TRUE(cpu);
-    for (const auto &[variant, pool_sizes] : sizes) {
-        EXPECT_EQ(pool_sizes, built) << variant;
-    }
-    for (int32_t P = 1; P <= KPOOL_MAX_POOL_SIZE; P *= 2) {
-        CompressCall compress(P);
-        DecodeCall decode(P, 2 * P);
-        kpool_status st{};
-        if (built.count(P)) {
-            EXPECT_EQ(compress.run(&st), KPOOL_OK) << "P = " << P << ": " << st.message;
-            EXPECT_EQ(decode.run(&st), KPOOL_OK) << "P = " << P << ": " << st.message;
-            continue;
-        }
-        SCOPED_TRACE("P = " + std::to_string(P));
-        compress.check({"pool_size"}, KPOOL_ERROR_UNSUPPORTED);
-        decode.check({"pool_size"}, KPOOL_ERROR_UNSUPPORTED);
-        // A decode without a K cache would only stash (no variant to run): refused all the same.
-        decode.cache = canary_cache(0, DecodeCall::kBlockSize, DecodeCall::kBlockSize * kRowBytes);
-        decode.c = decode.cache.desc();
-        decode.check({"pool_size"}, KPOOL_ERROR_UNSUPPORTED);
-    }
-}
 
 TEST(BadInputDecode, BaseCallIsValid) {
     DecodeCall c;

@@ -19,7 +19,7 @@ using ::testing::HasSubstr;
 // sentinel), nothing to write. The kernels once failed on the empty views
 // ("Output buffer cache.0 is accessed at 0, which is beyond the max (-1)").
 TEST(Hostile, DecodeWithAnEmptyCacheOrTail) {
-    for (int P : {4, 8}) {
+    for (int P : {1, 4}) {
         for (bool empty_cache : {true, false}) {
             for (bool empty_tail : {true, false}) {
                 std::mt19937 rng(P);

@@ -84,7 +84,7 @@ public:
     int64_t calls[kOps] = {};
 
 private:
-    static constexpr int kPoolSizesByWorker[8] = {4, 16, 8, 4, 16, 8, 4, 16};
+    static constexpr int kPoolSizesByWorker[8] = {4, 16, 1, 8, 2, 32, 64, 4};
     static constexpr int64_t kPages = 8, kTailBlocks = 8;
 
     int64_t slots() const { return kPages * block_size_; }

@@ -20,14 +20,8 @@ extern "C" {
 #endif
 
 #define KPOOL_HEAD_DIM 128
-/* Pool sizes are powers of two up to this (what the expand ops and
- * kpool_history_group_budget_for_topk take: they run P as a number). */
+/* Pool sizes are powers of two up to this; every one has a CPU variant. */
 #define KPOOL_MAX_POOL_SIZE 64
-/* compress and decode run a kernel variant per pool size, built for these
- * on the CPU and on every GPU family alike: another size is
- * KPOOL_ERROR_UNSUPPORTED, naming pool_size, on every device, so code that
- * passes on the CPU runs on the GPU. */
-#define KPOOL_VARIANT_POOL_SIZES 4, 8, 16
 /* Bytes of one slot of the paged K cache, uint8 [num_blocks, block_size,
  * KPOOL_CACHE_ROW_BYTES]: a page holds its slots' e4m3 codes (KPOOL_HEAD_DIM
  * bytes each), then their f32 scales (4 bytes each). */

@@ -34,6 +34,10 @@ def _pyproject(key):
     return re.search(rf'^{re.escape(key)} = "([^"]+)"', PYPROJECT, re.M).group(1)
 
 
+def _cmake_list(name):
+    return re.search(rf"^set\({name} ([0-9 ]+) CACHE", CMAKE, re.M).group(1).split()
+
+
 def test_versions_agree():
     version = _pyproject("version")
     assert re.search(r"^project\(kpool VERSION ([0-9.]+)", CMAKE, re.M).group(1) == version
@@ -67,14 +71,15 @@ def test_readme_ops_are_the_c_api():
 
 
 def test_pool_size_limits():
-    """behaviour.md's pool sizes are kpool.h's, which the build reads; README's
-    "P a power of two in [1, 64]" is the runtime's check."""
+    """behaviour.md's pool sizes are the build's defaults; README's "P a
+    power of two in [1, 64]" is the runtime's check."""
+    # The CPU list is every power of two up to kpool.h's KPOOL_MAX_POOL_SIZE.
     max_pool = int(re.search(r"^#define KPOOL_MAX_POOL_SIZE ([0-9]+)$", HEADER, re.M).group(1))
-    variants = re.search(r"^#define KPOOL_VARIANT_POOL_SIZES ([0-9, ]+)$", HEADER, re.M).group(1)
-    assert max_pool == 64 and variants == "4, 8, 16"
-    assert 'REGEX "^#define KPOOL_VARIANT_POOL_SIZES [0-9, ]+$"' in CMAKE
-    assert f"Pool sizes of compress and decode: {variants} (`KPOOL_VARIANT_POOL_SIZES`" in BEHAVIOUR
-    assert "`P` a power of two in\n[1, 64] (compress and decode: 4, 8 or 16, on every device)" in README
+    assert "foreach (P 1 2 4 8 16 32 64 128 256)" in CMAKE and max_pool == 64
+    cuda = _cmake_list("KPOOL_CUDA_POOL_SIZES")
+    assert "CPU: every power\n  of two from 1 to 64" in BEHAVIOUR
+    assert f"CUDA pool sizes built: {', '.join(cuda)} (`KPOOL_CUDA_POOL_SIZES`)" in BEHAVIOUR
+    assert "`P` a power of two in\n[1, 64]" in README
     for bad in (0, 3, 128):
         with pytest.raises(kpool.KpoolValueError, match=rf"pool_size = {bad} is not a power of two in \[1, 64\]"):
             kpool.expand_pools_and_append_tail(np.zeros((1, 1), np.int32), np.zeros(1, np.int32), bad)

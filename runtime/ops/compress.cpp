@@ -200,7 +200,6 @@ void compress_and_write_cache(const kpool_tensor *kv_cache_, const kpool_tensor 
     require_head_dim(head_dim);
     TensorArg slot_k = require_keys("slot_k", slot_k_);
     require_pool_size_matches(pool_size, slot_k, 1);
-    require_pool_size_with_variants(pool_size);
     TensorArg slot_score =
         require_scores("slot_score", slot_score_, {KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_FLOAT32}, slot_k);
     TensorArg ape = require_ape(ape_, pool_size);

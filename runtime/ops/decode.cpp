@@ -68,7 +68,6 @@ int64_t decode_update_and_maybe_write_cache_batched(
     int32_t round_scale, const kpool_exec *exec) {
     require_head_dim(head_dim);
     require_pool_size(pool_size);
-    require_pool_size_with_variants(pool_size);
     TensorArg kv_cache = require_kv_cache(kv_cache_);
     TensorArg tail = require_tail(tail_kv_cache_, pool_size);
     TensorArg key = require_keys("key", key_);

@@ -785,22 +785,17 @@ struct CallOptions {
     }
 };
 
-// Every pool size the expand ops take, and those with a compress / decode
-// kernel variant (the same on every device).
 inline const int kPoolSizes[] = {1, 2, 4, 8, 16, 32, 64};
-inline const int kVariantPoolSizes[] = {KPOOL_VARIANT_POOL_SIZES};
 
-// The pool size the shapes are built for (P, one of `sizes`) and the one
-// passed to the call: now and then another value, valid or not (a power of
-// two without a variant too), which makes it hostile.
+// The pool size the shapes are built for (P) and the one passed to the
+// call: now and then another value, valid or not, which makes it hostile.
 struct PoolSizeChoice {
     int P;
     int32_t pool_size;
     bool hostile;
 };
-template <int N>
-inline PoolSizeChoice pool_size_choice(Input &in, const int (&sizes)[N]) {
-    const int P = sizes[in.pick(N)];
+inline PoolSizeChoice pool_size_choice(Input &in) {
+    const int P = kPoolSizes[in.pick(7)];
     if (!in.chance(12)) return {P, P, false};
     if (in.chance(12)) {
         const int32_t bad[] = {0, 3, 128, -4, 6, std::numeric_limits<int32_t>::min(), 96};
@@ -808,7 +803,6 @@ inline PoolSizeChoice pool_size_choice(Input &in, const int (&sizes)[N]) {
     }
     return {P, kPoolSizes[in.pick(7)], true};
 }
-inline PoolSizeChoice pool_size_choice(Input &in) { return pool_size_choice(in, kPoolSizes); }
 
 // Flags passed as int32: mostly 0 / 1, any value now and then (nonzero = on).
 inline int32_t flag_value(Input &in, bool usual) {

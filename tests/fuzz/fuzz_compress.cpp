@@ -14,7 +14,7 @@ enum Mode { kWrite, kMasked, kWriteAndReturn, kReturnOnly, kReturnNoCache };
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Input in(data, size);
     const char *op = "kpool_compress_and_write_cache";
-    auto [P, pool_size, hostile] = pool_size_choice(in, kVariantPoolSizes);
+    auto [P, pool_size, hostile] = pool_size_choice(in);
     const int32_t head_dim = head_dim_value(in);
     hostile = hostile || head_dim != kD;
     const Mode mode = Mode(in.pick(5));

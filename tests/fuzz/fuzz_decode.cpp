@@ -32,7 +32,7 @@ kpool_tensor request(const Tensor &t, int64_t b) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Input in(data, size);
     const char *op = "kpool_decode_update_and_maybe_write_cache_batched";
-    auto [P, pool_size, hostile] = pool_size_choice(in, kVariantPoolSizes);
+    auto [P, pool_size, hostile] = pool_size_choice(in);
     const int32_t head_dim = head_dim_value(in);
     hostile = hostile || head_dim != kD;
     const int32_t round_scale = flag_value(in, in.flag());
