@@ -37,9 +37,9 @@ DEVICE = os.environ.get("KPOOL_TEST_DEVICE", "cpu")
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("KPOOL_TEST_DEVICE=cuda but torch sees no GPU", allow_module_level=True)
 D, P, PAGE = 128, 4, 64
-OPS = ("fwht128_quant_fp8", "compress_and_write_cache", "compress_to_rows", "seed_tail_cache",
-       "decode_update_and_maybe_write_cache_batched", "expand_pools_and_append_tail", "expand_pools_to_tokens",
-       "append_tail_to_topk")
+OPS = ("fwht128_quant_fp8", "compress_and_write_cache", "compress_to_rows", "compress_tokens_and_write_cache",
+       "seed_tail_cache", "decode_update_and_maybe_write_cache_batched", "decode_update_and_maybe_write_cache_ragged",
+       "expand_pools_and_append_tail", "expand_pools_to_tokens", "append_tail_to_topk")
 OUT_VARIANTS = ("fwht128_quant_fp8", "compress_to_rows", "expand_pools_and_append_tail", "expand_pools_to_tokens",
                 "append_tail_to_topk")
 
@@ -74,6 +74,15 @@ def _state(seed=0):
         seq_lens=torch.tensor([13, 17], dtype=torch.int32),
         page_table=torch.randint(0, 1 << 20, (2, 64), generator=g, dtype=torch.int32),
         topk_offsets=torch.tensor([0, 100], dtype=torch.int64),
+        # The prefill's tokens as the engine holds them (a slot on each pool's
+        # last token), and a ragged decode step (2 + 1 tokens, then padding).
+        token_slots=torch.tensor([-1, -1, -1, 5, -1, -1, -1, 21] + [-1] * 5 + [33, -1, -1], dtype=torch.int32),
+        ragged_key=_bf16(g, 4, D), ragged_score=_bf16(g, 4, D),
+        ragged_positions=torch.tensor([10, 11, 6, -1], dtype=torch.int32),
+        ragged_tail_slots=torch.tensor([ring + 10 % ring, ring + 11 % ring, 3 * ring + 6 % ring, -1],
+                                       dtype=torch.int32),
+        ragged_slots=torch.tensor([-1, 12, -1, -1], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, 2, 3], dtype=torch.int32),
     )
     if DEVICE != "cpu":
         base = tail_base.to(DEVICE)
@@ -88,10 +97,15 @@ def _args(s):
         "compress_and_write_cache": (s["kv_cache"], s["slot_k"], s["slot_score"], s["ape"], s["loc"],
                                      s["write_mask"], P, D, True, True),
         "compress_to_rows": (s["kv_cache"], s["slot_k"], s["slot_score"], s["ape"], s["loc"], None, P, D, True, True),
+        "compress_tokens_and_write_cache": (s["kv_cache"], s["key"], s["gate_score"], s["ape"], s["token_slots"],
+                                            s["tail_kv_cache"], s["tslot"], None, P, D, True),
         "seed_tail_cache": (s["tail_kv_cache"], s["key"], s["gate_score"], s["tslot"], P, D),
         "decode_update_and_maybe_write_cache_batched": (
             s["kv_cache"], s["tail_kv_cache"], s["tail_slot_mapping"], s["step_key"], s["step_score"], s["ape"],
             s["slot_mapping"], s["positions"], P, D, True),
+        "decode_update_and_maybe_write_cache_ragged": (
+            s["kv_cache"], s["tail_kv_cache"], s["ragged_tail_slots"], s["ragged_key"], s["ragged_score"], s["ape"],
+            s["ragged_slots"], s["ragged_positions"], s["query_start_loc"], 2, P, D, True),
         "expand_pools_and_append_tail": (s["pool_ids"], s["seq_lens"], P, False),
         "expand_pools_to_tokens": (s["pool_ids"], s["pool_ids"] >= 0, s["page_table"], None, 12, P),
         "append_tail_to_topk": (s["pool_ids"], s["seq_lens"], s["seq_lens"] // P, None, s["topk_offsets"], P),
@@ -111,9 +125,12 @@ def _same(a, b):
 
 
 def test_every_op_and_out_variant_has_the_packages_schema():
+    # The package's ops end with `int arithmetic=0` (a per-call argument);
+    # the engine's take it from kpool::torch::ScopedOptions.
     for name in OPS:
         ours, theirs = getattr(engine, name).default._schema, getattr(torch.ops.kpool, name).default._schema
-        assert str(ours).split("::", 1)[1] == str(theirs).split("::", 1)[1], name
+        theirs = str(theirs).split("::", 1)[1].replace(", int arithmetic=0)", ")")
+        assert str(ours).split("::", 1)[1] == theirs, name
     for name in OUT_VARIANTS:
         schema = getattr(engine, name).out._schema
         outs = [a.name for a in schema.arguments if a.kwarg_only]

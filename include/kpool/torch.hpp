@@ -285,6 +285,46 @@ inline void decode_update_and_maybe_write_cache_batched(const Tensor &kv_cache, 
     }
 }
 
+// The engine-native entry points (kpool.h 2b and 4b; docs/engines.md).
+inline void compress_tokens_and_write_cache(const Tensor &kv_cache, const Tensor &key, const Tensor &gate_score,
+                                            const Tensor &ape, const Tensor &slot_mapping,
+                                            const OptionalTensor &tail_kv_cache,
+                                            const OptionalTensor &tail_slot_mapping, const OptionalTensor &positions,
+                                            int64_t pool_size, int64_t head_dim, bool round_scale) {
+    const kpool_tensor kv = tensor(kv_cache, "kv_cache"), k = tensor(key, "key"), g = tensor(gate_score, "gate_score"),
+                       a = tensor(ape, "ape"), sm = tensor(slot_mapping, "slot_mapping");
+    const OptionalDescriptor t = tensor(tail_kv_cache, "tail_kv_cache"),
+                             tsm = tensor(tail_slot_mapping, "tail_slot_mapping"), p = tensor(positions, "positions");
+    const kpool_exec e = exec_for(key);
+    kpool_status s{};
+    check(kpool_compress_tokens_and_write_cache(&kv, &k, &g, &a, &sm, t.pointer(), tsm.pointer(), p.pointer(),
+                                                int32_arg(pool_size, "pool_size"), int32_arg(head_dim, "head_dim"),
+                                                round_scale, &e, &s),
+          s, "compress_tokens_and_write_cache");
+}
+
+inline void decode_update_and_maybe_write_cache_ragged(const Tensor &kv_cache, const Tensor &tail_kv_cache,
+                                                       const Tensor &tail_slot_mapping, const Tensor &key,
+                                                       const Tensor &slot_score, const Tensor &ape,
+                                                       const Tensor &slot_mapping, const Tensor &positions,
+                                                       const Tensor &query_start_loc, int64_t max_query_len,
+                                                       int64_t pool_size, int64_t head_dim, bool round_scale) {
+    const kpool_tensor kv = tensor(kv_cache, "kv_cache"), t = tensor(tail_kv_cache, "tail_kv_cache"),
+                       tsm = tensor(tail_slot_mapping, "tail_slot_mapping"), k = tensor(key, "key"),
+                       sc = tensor(slot_score, "slot_score"), a = tensor(ape, "ape"),
+                       sm = tensor(slot_mapping, "slot_mapping"), p = tensor(positions, "positions"),
+                       q = tensor(query_start_loc, "query_start_loc");
+    const kpool_exec e = exec_for(key);
+    kpool_status s{};
+    check(kpool_decode_update_and_maybe_write_cache_ragged(
+              &kv, &t, &tsm, &k, &sc, &a, &sm, &p, &q, int32_arg(max_query_len, "max_query_len"),
+              int32_arg(pool_size, "pool_size"), int32_arg(head_dim, "head_dim"), round_scale, &e, &s),
+          s, "decode_update_and_maybe_write_cache_ragged");
+    if (int64_t *skipped = current_options().skipped_completions) {
+        *skipped += s.skipped_completions;
+    }
+}
+
 inline void expand_pools_and_append_tail_out(const Tensor &pool_ids, const Tensor &seq_lens, int64_t pool_size,
                                              bool bound_pool_ids, const Tensor &out) {
     const kpool_tensor ids = tensor(pool_ids, "pool_ids"), lens = tensor(seq_lens, "seq_lens"), o = tensor(out, "out");
@@ -386,6 +426,12 @@ inline void seed(const Tensor &, const Tensor &, const Tensor &, const Tensor &,
 inline void decode(const Tensor &, const Tensor &, const Tensor &, const Tensor &, const Tensor &, const Tensor &,
                    const Tensor &, const Tensor &, int64_t, int64_t, bool) {}
 inline void fwht_out(const Tensor &, const Tensor &, const Tensor &) {}
+inline void compress_tokens(const Tensor &, const Tensor &, const Tensor &, const Tensor &, const Tensor &,
+                            const OptionalTensor &, const OptionalTensor &, const OptionalTensor &, int64_t, int64_t,
+                            bool) {}
+inline void ragged_decode(const Tensor &, const Tensor &, const Tensor &, const Tensor &, const Tensor &,
+                          const Tensor &, const Tensor &, const Tensor &, const Tensor &, int64_t, int64_t, int64_t,
+                          bool) {}
 inline std::tuple<Tensor, Tensor> compress_to_rows(const OptionalTensor &, const Tensor &slot_k, const Tensor &,
                                                    const Tensor &, const Tensor &, const OptionalTensor &, int64_t,
                                                    int64_t, bool, bool) {
@@ -454,6 +500,17 @@ inline void register_ops(::torch::Library &m) {
               "Tensor tail_slot_mapping, Tensor key, Tensor slot_score, Tensor ape, Tensor slot_mapping, "
               "Tensor positions, int pool_size, int head_dim, bool round_scale) -> ()",
               &decode_update_and_maybe_write_cache_batched, &meta::decode);
+    define_op(m,
+              "compress_tokens_and_write_cache(Tensor(a!) kv_cache, Tensor key, Tensor gate_score, Tensor ape, "
+              "Tensor slot_mapping, Tensor(b!)? tail_kv_cache, Tensor? tail_slot_mapping, Tensor? positions, "
+              "int pool_size, int head_dim, bool round_scale) -> ()",
+              &compress_tokens_and_write_cache, &meta::compress_tokens);
+    define_op(m,
+              "decode_update_and_maybe_write_cache_ragged(Tensor(a!) kv_cache, Tensor(b!) tail_kv_cache, "
+              "Tensor tail_slot_mapping, Tensor key, Tensor slot_score, Tensor ape, Tensor slot_mapping, "
+              "Tensor positions, Tensor query_start_loc, int max_query_len, int pool_size, int head_dim, "
+              "bool round_scale) -> ()",
+              &decode_update_and_maybe_write_cache_ragged, &meta::ragged_decode);
     define_op(m, "expand_pools_and_append_tail(Tensor pool_ids, Tensor seq_lens, int pool_size, bool bound_pool_ids) "
                  "-> Tensor",
               &expand_pools_and_append_tail, &meta::expand_and_append);
