@@ -58,12 +58,13 @@ REFERENCE_SIGNATURES = {
 @pytest.mark.parametrize("name", sorted(REFERENCE_SIGNATURES))
 def test_signature_is_the_references(name):
     """Same parameters, order and defaults; kpool's extras (decode's
-    return_skipped, the fused expand's bound_pool_ids) come after them, with
-    defaults that keep the reference's behaviour."""
+    return_skipped, the fused expand's bound_pool_ids, the expand ops' out,
+    every op's arithmetic) come after them, with defaults that keep the
+    reference's behaviour."""
     params = list(inspect.signature(getattr(kpool, name)).parameters.values())
     want = REFERENCE_SIGNATURES[name]
     assert [(p.name, p.default) for p in params[:len(want)]] == want
-    assert all(p.default is False for p in params[len(want):])
+    assert all(p.default is False or p.default is None for p in params[len(want):])  # (out=, arithmetic=)
 
 
 # --- the reference's input rules, each an input it takes --------------------------------------------------
