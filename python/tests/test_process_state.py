@@ -234,7 +234,8 @@ def test_torch_ops_carry_the_arithmetic_eager_and_traced():
     from kpool import _torch_ops
 
     for name in _torch_ops.SCHEMAS:
-        schema = getattr(getattr(torch.ops, _torch_ops.NAMESPACE), name).default._schema
+        op, _, overload = name.partition(".")  # (the out= forms: overload "out")
+        schema = getattr(getattr(getattr(torch.ops, _torch_ops.NAMESPACE), op), overload or "default")._schema
         assert schema.arguments[-1].name == "arithmetic" and schema.arguments[-1].default_value == 0, name
     kv, slot_k, slot_score, ape, loc, P = _compress_case(7)
     case = [torch.from_numpy(kv), torch.from_numpy(slot_k.view(np.int16)).view(torch.bfloat16),
