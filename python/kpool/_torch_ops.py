@@ -447,14 +447,22 @@ def decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_sl
         tail_slot_mapping, slot_mapping, positions = _decode_indices(tail_slot_mapping, slot_mapping, positions)
     args = (kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, pool_size,
             head_dim, bool(round_scale), arithmetic)
+    return _decode_step(_decode_kernel, ops.decode_update_and_maybe_write_cache_batched, args, return_skipped)
+
+
+def _decode_step(kernel, op, args, return_skipped):
+    """A decode step's call (batched or ragged: args start with kv_cache,
+    tail_kv_cache, tail_slot_mapping, key, slot_score, ape): eager, it
+    returns the skipped completions when asked; traced, the op."""
+    kv_cache, tail_kv_cache, _, key, slot_score, ape = args[:6]
     if _eager(key):
-        skipped = _decode_kernel(*args)
+        skipped = kernel(*args)
         return skipped if return_skipped else None
     if return_skipped:
         raise KpoolValueError("return_skipped=True is for eager calls: the count is a host value, which a traced "
                               "graph cannot return")
     _require_tensors(kv_cache=kv_cache, tail_kv_cache=tail_kv_cache, slot_score=slot_score, ape=ape)
-    ops.decode_update_and_maybe_write_cache_batched(*args)
+    op(*args)
     return None
 
 
@@ -479,15 +487,7 @@ def decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slo
         raise KpoolValueError(f"max_query_len = {max_query_len!r}: expected a positive int (or None)")
     args = (kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions, query_start_loc,
             max_query_len, pool_size, head_dim, bool(round_scale), arithmetic)
-    if _eager(key):
-        skipped = _ragged_decode_kernel(*args)
-        return skipped if return_skipped else None
-    if return_skipped:
-        raise KpoolValueError("return_skipped=True is for eager calls: the count is a host value, which a traced "
-                              "graph cannot return")
-    _require_tensors(kv_cache=kv_cache, tail_kv_cache=tail_kv_cache, slot_score=slot_score, ape=ape)
-    ops.decode_update_and_maybe_write_cache_ragged(*args)
-    return None
+    return _decode_step(_ragged_decode_kernel, ops.decode_update_and_maybe_write_cache_ragged, args, return_skipped)
 
 
 def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets, arithmetic, out=None):
