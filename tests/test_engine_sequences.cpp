@@ -184,7 +184,6 @@ ChunkedPrefill make_chunked_prefill(std::mt19937 &rng, int P, kpool_dtype index_
     const std::vector<int64_t> free_slots = distinct_slots(rng, cache_slots, cache_slots);
     int64_t next = 0;
     int64_t first_row = 0;
-    std::vector<int64_t> whole_rows;
     for (size_t r = 0; r < lengths.size(); ++r) {
         const int64_t split = std::uniform_int_distribution<int64_t>(std::min<int64_t>(1, lengths[r]), lengths[r])(rng);
         for (int64_t pos = 0; pos < lengths[r]; ++pos) {
