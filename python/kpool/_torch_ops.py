@@ -466,9 +466,16 @@ def _decode_step(kernel, op, args, return_skipped):
     return None
 
 
-def _require_out(out):
+def _into_out(like, out_kernel, out_op, args, out, arithmetic):
+    """An expand op's out= form: the caller's int32 buffer written in place
+    (its shape, dtype and strides checked by the C entry point), returned."""
     if not isinstance(out, Tensor):
         raise _not_a_tensor(out, "out")
+    if _eager(like):
+        out_kernel(*args, out, arithmetic)
+    else:
+        out_op(*args, out, arithmetic)
+    return out
 
 
 def decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
@@ -494,13 +501,8 @@ def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, 
     args = (_index_ids(group_ids, "group_ids"), group_valid, _integer(page_table, "page_table", I32),
             _integer(topk_offsets, "topk_offsets", I64), topk, pool_size)
     if out is not None:
-        _require_out(out)
-        if _eager(group_ids):
-            _expand_to_tokens_out_kernel(*args, out, arithmetic)
-        else:
-            _require_tensors(group_valid=group_valid)
-            ops.expand_pools_to_tokens.out(*args, out, arithmetic)
-        return out
+        _require_tensors(group_valid=group_valid)
+        return _into_out(group_ids, _expand_to_tokens_out_kernel, ops.expand_pools_to_tokens.out, args, out, arithmetic)
     args += (arithmetic,)
     if _eager(group_ids):
         return _expand_to_tokens_kernel(*args)
@@ -518,12 +520,7 @@ def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table,
     args = (topk_result, _integer(seq_lens, "seq_lens", I32), _integer(pool_lens, "pool_lens", I32),
             _integer(page_table, "page_table", I32), _integer(topk_offsets, "topk_offsets", I64), pool_size)
     if out is not None:
-        _require_out(out)
-        if _eager(topk_result):
-            _append_tail_out_kernel(*args, out, arithmetic)
-        else:
-            ops.append_tail_to_topk.out(*args, out, arithmetic)
-        return out
+        return _into_out(topk_result, _append_tail_out_kernel, ops.append_tail_to_topk.out, args, out, arithmetic)
     args += (arithmetic,)
     if _eager(topk_result):
         return _append_tail_kernel(*args)
@@ -533,12 +530,8 @@ def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table,
 def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids, arithmetic, out=None):
     args = (_index_ids(pool_ids, "pool_ids"), _integer(seq_lens, "seq_lens", I32), pool_size, bool(bound_pool_ids))
     if out is not None:
-        _require_out(out)
-        if _eager(pool_ids):
-            _expand_and_append_out_kernel(*args, out, arithmetic)
-        else:
-            ops.expand_pools_and_append_tail.out(*args, out, arithmetic)
-        return out
+        return _into_out(pool_ids, _expand_and_append_out_kernel, ops.expand_pools_and_append_tail.out, args, out,
+                         arithmetic)
     args += (arithmetic,)
     if _eager(pool_ids):
         return _expand_and_append_kernel(*args)
