@@ -301,11 +301,7 @@ void compress_tokens_and_write_cache(const kpool_tensor *kv_cache_, const kpool_
         require_same_dim(positions, 0, key, 0);
         require_int32_strides(positions);
         for (const TensorArg *a : {&slots, &seed->tslot}) {
-            if (a->t->dtype != positions.t->dtype) {
-                throw invalid() << a->name << " has dtype " << kpool_dtype_name(a->t->dtype) << " but positions has "
-                                << kpool_dtype_name(positions.t->dtype)
-                                << ": slot_mapping, tail_slot_mapping and positions must share one integer dtype";
-            }
+            require_index_dtype_of(*a, positions, "slot_mapping, tail_slot_mapping and positions");
         }
     }
 

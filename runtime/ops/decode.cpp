@@ -61,6 +61,13 @@ void require_int32_positions(const TensorArg &positions) {
     }
 }
 
+void require_index_dtype_of(const TensorArg &a, const TensorArg &first, const char *together) {
+    if (a.t->dtype != first.t->dtype) {
+        throw invalid() << a.name << " has dtype " << kpool_dtype_name(a.t->dtype) << " but " << first.name << " has "
+                        << kpool_dtype_name(first.t->dtype) << ": " << together << " must share one integer dtype";
+    }
+}
+
 int64_t decode_update_and_maybe_write_cache_batched(
     const kpool_tensor *kv_cache_, const kpool_tensor *tail_kv_cache_, const kpool_tensor *tail_slot_mapping_,
     const kpool_tensor *key_, const kpool_tensor *slot_score_, const kpool_tensor *ape_,
@@ -76,10 +83,8 @@ int64_t decode_update_and_maybe_write_cache_batched(
     // int32 or int64, all three of one type (a kernel variant per type).
     auto per_token = [&](const char *name, const kpool_tensor *t, const TensorArg *first) {
         TensorArg a = require_tensor(name, t, {KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64}, 2);
-        if (first != nullptr && a.t->dtype != first->t->dtype) {
-            throw invalid() << name << " has dtype " << kpool_dtype_name(a.t->dtype) << " but " << first->name
-                            << " has " << kpool_dtype_name(first->t->dtype)
-                            << ": tail_slot_mapping, slot_mapping and positions must share one integer dtype";
+        if (first != nullptr) {
+            require_index_dtype_of(a, *first, "tail_slot_mapping, slot_mapping and positions");
         }
         require_same_dim(a, 0, key, 0);
         require_same_dim(a, 1, key, 1);
@@ -211,11 +216,8 @@ int64_t decode_update_and_maybe_write_cache_ragged(
     // int32 or int64, all four of one type (a kernel variant per type).
     auto indices = [&](const char *name, const kpool_tensor *t, const TensorArg *first) {
         TensorArg a = require_tensor(name, t, {KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64}, 1);
-        if (first != nullptr && a.t->dtype != first->t->dtype) {
-            throw invalid() << name << " has dtype " << kpool_dtype_name(a.t->dtype) << " but " << first->name
-                            << " has " << kpool_dtype_name(first->t->dtype)
-                            << ": tail_slot_mapping, slot_mapping, positions and query_start_loc must share one "
-                               "integer dtype";
+        if (first != nullptr) {
+            require_index_dtype_of(a, *first, "tail_slot_mapping, slot_mapping, positions and query_start_loc");
         }
         require_int32_strides(a);
         return a;

@@ -87,6 +87,10 @@ void check_index_errors(int32_t device_index, const kpool_exec *exec);
 // a position past 2^31 - 1, which no context reaches, is rejected on the host.
 void require_int32_positions(const TensorArg &positions);
 
+// A kernel variant per index type: `a` must have `first`'s dtype (`together`
+// names the tensors that share it, for the message).
+void require_index_dtype_of(const TensorArg &a, const TensorArg &first, const char *together);
+
 // The kernels' element type of an index tensor: int32 or int64.
 ElementType index_type(const TensorArg &a);
 
