@@ -79,7 +79,9 @@ def engine_prefill_insert(lib, b, P, kv_cache, tail):
     idx = (i[:, None] - (P - 1) + torch.arange(P, device=i.device)).clamp_(min=0)
     lib.kpool_compress_and_write_cache(kv_cache, b["key"][idx], b["gate"][idx], b["ape"], slots.to(torch.int64), P,
                                        kt.D, write_mask=write_mask)
-    lib.kpool_seed_tail_cache(tail, b["key"], b["gate"], b["tail_slot_mapping"], P, kt.D)
+    # (The reference's seed reads rows 128 elements apart whatever their
+    # stride: an engine passes it contiguous rows. README, "Reference defects".)
+    lib.kpool_seed_tail_cache(tail, b["key"].contiguous(), b["gate"].contiguous(), b["tail_slot_mapping"], P, kt.D)
 
 
 def kpool_prefill_insert(kpool, b, P, kv_cache, tail):

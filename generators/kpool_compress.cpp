@@ -270,13 +270,19 @@ public:
         Expr tail_slot = saturating_cast<int32_t>(tail_slot_mapping(row(t)));
         block(t) = select(tail_slot >= 0, ring_math.div(max(tail_slot, 0)), -1);
 
-        // Member j of the pool t completes: its distance back, its row in
-        // the chunk, and whether that row is it.
+        // Member j of the pool t completes (position p - back): its row in
+        // the chunk, and whether that row holds it. Positions run up to
+        // int32's limit, and Halide may reassociate p - back into
+        // (p + j) - (P-1), which passes it: so no sum of a position here,
+        // only the difference of two non-negative ones.
         Expr back = P - 1 - j, p = position(t), from = row(t - back);
         Func in_chunk{"member_in_chunk"};
-        in_chunk(j, t) = t - back >= 0 && position(from) == p - back && block(from) == block(t);
-        // (Clamped: bounds inference cannot bound the shift-or-modulo.)
-        Expr ring_pos = clamp(ring_math.mod(max(p - back, 0)), 0, ring - 1),
+        in_chunk(j, t) = t - back >= 0 && position(from) >= 0 && p - position(from) == back && block(from) == block(t);
+        // Else the ring: as RING % P == 0 and p % P == P-1, member j sits at
+        // ring position p % RING - (P-1) + j, no wrap (decode's rule).
+        // (Clamped: a token that completes nothing reads in bounds, and
+        // bounds inference cannot bound the shift-or-modulo.)
+        Expr ring_pos = clamp(ring_math.mod(max(p, 0)) - (P - 1), 0, ring - P) + j,
              ring_block = clamp(block(t), 0, blocks - 1);
         Func member_key{"member_key"}, member_score{"member_score"};
         member_key(d, j, t) = bf16_to_f32(select(in_chunk(j, t), key(d, from), tail(d, ring_pos, 0, ring_block)));

@@ -169,8 +169,9 @@ TEST(PrefillInsertEdge, BadInputNamesTheArgumentAndWritesNothing) {
     EXPECT_BYTES_EQ(cache0, cache);
 }
 
-// A chunked prefill with positions: requests from position 0, each split
-// at any position into two chunks (the second starting inside a pool).
+// A chunked prefill with positions: requests from first_position (0, or
+// near int32's limit), each split at any position into two chunks (the
+// second starting inside a pool).
 struct ChunkedPrefill {
     TokenBatch whole;                 // every request's tokens in one call (pools from position 0)
     TokenBatch chunk[2];              // the two chunks
@@ -178,7 +179,7 @@ struct ChunkedPrefill {
 };
 
 ChunkedPrefill make_chunked_prefill(std::mt19937 &rng, int P, kpool_dtype index_dtype, int64_t cache_slots,
-                                    int64_t ring) {
+                                    int64_t ring, int64_t first_position = 0) {
     const std::vector<int64_t> lengths = {3 * P + 1, P, 2 * P - 1, 5 * P + 3, 1};
     std::vector<std::vector<int64_t>> rows(3), positions(3), slots(3), tail_slots(3);  // whole, chunk 0, chunk 1
     const std::vector<int64_t> free_slots = distinct_slots(rng, cache_slots, cache_slots);
@@ -186,11 +187,12 @@ ChunkedPrefill make_chunked_prefill(std::mt19937 &rng, int P, kpool_dtype index_
     int64_t first_row = 0;
     for (size_t r = 0; r < lengths.size(); ++r) {
         const int64_t split = std::uniform_int_distribution<int64_t>(std::min<int64_t>(1, lengths[r]), lengths[r])(rng);
-        for (int64_t pos = 0; pos < lengths[r]; ++pos) {
+        for (int64_t i = 0; i < lengths[r]; ++i) {
+            const int64_t pos = first_position + i;
             const int64_t slot = pos % P == P - 1 && rng() % 6 != 0 ? free_slots[next++] : -1;
             const int64_t tail_slot = int64_t(r) * ring + pos % ring;
-            for (int part : {0, pos < split ? 1 : 2}) {
-                rows[part].push_back(first_row + pos);
+            for (int part : {0, i < split ? 1 : 2}) {
+                rows[part].push_back(first_row + i);
                 positions[part].push_back(pos);
                 slots[part].push_back(slot);
                 tail_slots[part].push_back(tail_slot);
@@ -261,11 +263,18 @@ TEST_P(PrefillInsert, ChunksWithPositionsEqualOneCall) {
 
 // One chunk with positions against the rule computed here from the scalar
 // reference: each completing token's members from its rows or the ring.
-TEST(PrefillInsertEdge, PositionsTakeEarlierMembersFromTheRing) {
-    std::mt19937 rng(79);
-    const int P = 4;
+// P x the requests' first position: 0, or so that the last token sits at
+// int32's largest position (no sum of positions may pass it).
+using RingParam = std::tuple<int, bool>;
+class PositionsFromTheRing : public ::testing::TestWithParam<RingParam> {};
+
+TEST_P(PositionsFromTheRing, TakeEarlierMembersFromTheRing) {
+    const auto [P, near_int32_max] = GetParam();
+    std::mt19937 rng(79 + P);
     const int64_t block_size = 16, num_blocks = 8, ring = 2 * P, tail_blocks = 6;
-    const ChunkedPrefill c = make_chunked_prefill(rng, P, KPOOL_DTYPE_INT32, block_size * num_blocks, ring);
+    const int64_t longest_request = 5 * P + 3;  // (make_chunked_prefill's)
+    const int64_t first = near_int32_max ? std::numeric_limits<int32_t>::max() - (longest_request - 1) : 0;
+    const ChunkedPrefill c = make_chunked_prefill(rng, P, KPOOL_DTYPE_INT32, block_size * num_blocks, ring, first);
     const TokenBatch &b = c.chunk[1];
     const HostTensor &positions = c.chunk_positions[1];
     HostTensor ape(KPOOL_DTYPE_FLOAT32, {P, kD});
@@ -311,6 +320,12 @@ TEST(PrefillInsertEdge, PositionsTakeEarlierMembersFromTheRing) {
               KPOOL_ERROR_INVALID_ARGUMENT);
     EXPECT_THAT(std::string(st.message), HasSubstr("positions"));
 }
+
+INSTANTIATE_TEST_SUITE_P(All, PositionsFromTheRing, Combine(Values(4, 32), Values(false, true)),
+                         [](const ::testing::TestParamInfo<RingParam> &info) {
+                             return "p" + std::to_string(std::get<0>(info.param)) +
+                                    (std::get<1>(info.param) ? "_near_int32_max" : "_from_0");
+                         });
 
 // The ragged decode against the engine's padded grid through the scalar
 // reference: P x index dtype x max_query_len (the longest request's, or 0).

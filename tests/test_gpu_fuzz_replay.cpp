@@ -23,15 +23,10 @@
 
 #ifdef KPOOL_FUZZ_REPLAY
 #include "fuzz/fuzz_common.h"
+#include "kpool_fuzz_targets.inc"  // (generated from tests/CMakeLists.txt's KPOOL_FUZZ_TARGETS)
 
 #define KPOOL_FUZZ_TARGET(name) extern "C" int kfuzz_replay_##name(const uint8_t *data, size_t size);
-KPOOL_FUZZ_TARGET(fwht)
-KPOOL_FUZZ_TARGET(compress)
-KPOOL_FUZZ_TARGET(seed)
-KPOOL_FUZZ_TARGET(decode)
-KPOOL_FUZZ_TARGET(expand_append)
-KPOOL_FUZZ_TARGET(expand_tokens)
-KPOOL_FUZZ_TARGET(append_tail)
+KPOOL_FOR_EACH_FUZZ_TARGET(KPOOL_FUZZ_TARGET)
 #undef KPOOL_FUZZ_TARGET
 #endif
 
@@ -44,15 +39,9 @@ struct FuzzTarget {
 };
 
 #ifdef KPOOL_FUZZ_REPLAY
-const FuzzTarget kTargets[] = {
-    {"fwht", kfuzz_replay_fwht},
-    {"compress", kfuzz_replay_compress},
-    {"seed", kfuzz_replay_seed},
-    {"decode", kfuzz_replay_decode},
-    {"expand_append", kfuzz_replay_expand_append},
-    {"expand_tokens", kfuzz_replay_expand_tokens},
-    {"append_tail", kfuzz_replay_append_tail},
-};
+#define KPOOL_FUZZ_TARGET(name) {#name, kfuzz_replay_##name},
+const FuzzTarget kTargets[] = {KPOOL_FOR_EACH_FUZZ_TARGET(KPOOL_FUZZ_TARGET)};
+#undef KPOOL_FUZZ_TARGET
 #else
 const FuzzTarget kTargets[] = {{"none", nullptr}};
 #endif

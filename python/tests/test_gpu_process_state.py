@@ -83,7 +83,11 @@ def test_two_models_two_arithmetics_two_streams_eager_and_captured():
                         failures.append(f"{arithmetic}: eager bytes differ")
                 kv = case[0].clone()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=stream):
+                # thread_local: the other thread's eager calls (its
+                # synchronize) may not end this thread's capture, as under
+                # the default global mode, where any thread's unsafe call
+                # invalidates every capture in the process.
+                with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
                     k, s = kpool.kpool_compress_and_write_cache(kv, *case[1:5], case[5], return_compressed=True)
                 for _ in range(10):
                     kv.copy_(case[0])

@@ -17,7 +17,9 @@
 set -u
 build=$1 out=$2 seeds=${3:-10} runs=${4:-100000} per_seed=${5:-0}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-targets=${KPOOL_FUZZ_TARGETS:-fwht compress seed decode expand_append expand_tokens append_tail}
+# (Default: every target the build has, tests/CMakeLists.txt's KPOOL_FUZZ_TARGETS.)
+targets=${KPOOL_FUZZ_TARGETS:-$(find "$build/tests/fuzz" -maxdepth 1 -type f -name 'kpool_fuzz_*' -printf '%f\n' |
+    sed 's/^kpool_fuzz_//' | LC_ALL=C sort)}
 mkdir -p "$out"
 summary="$out/summary.tsv"
 [ -f "$summary" ] || printf 'target\tseed\texecs\tcov_start\tft_start\tcov_end\tft_end\tnew_entries\tseconds\tfinding\n' >"$summary"

@@ -648,6 +648,43 @@ inline void check_bytes_contested(const Tensor &t, const std::vector<uint8_t> &w
     }
 }
 
+// The tail ring after the seed of `key` / `gate` by `tslot`
+// (kpool_seed_tail_cache's rule, by the reference) into `want`; ring slots
+// that several seeded tokens aim at go into `contested` (any one of those
+// tokens' bytes per byte). tslots outside the ring's blocks are skipped.
+inline void seed_by_reference(Tensor &want, const Tensor &key, const Tensor &gate, const Tensor &tslot,
+                              int32_t pool_size, Contested &contested) {
+    const int64_t count = tslot.shape[0], r = want.shape[2], blocks = want.shape[0];
+    Tensor seeded = tslot;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t s = tslot.get_int(i);
+        if (s >= 0 && s / r >= blocks) seeded.set_int(i, -1);
+    }
+    {
+        const kpool_tensor w = want.desc(), k = key.desc(), g = gate.desc(), ts = seeded.desc();
+        kpool_ref::seed_tail_cache(&w, &k, &g, &ts, pool_size, kD);
+    }
+    std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> writers;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t s = seeded.get_int(i);
+        if (s < 0) continue;
+        if (i + pool_size < count) {
+            const int64_t ahead = seeded.get_int(i + pool_size);
+            if (ahead >= 0 && ahead / r == s / r) continue;  // not among its request's last P
+        }
+        writers[{s / r, s % r}].push_back(i);
+    }
+    for (auto &[at, tokens] : writers) {
+        if (tokens.size() < 2) continue;
+        for (int64_t i : tokens) {
+            contested.add(want, want.byte_offset({at.first, 0, at.second, 0}), key.data() + key.byte_offset({i, 0}),
+                          2 * kD);
+            contested.add(want, want.byte_offset({at.first, 1, at.second, 0}), gate.data() + gate.byte_offset({i, 0}),
+                          2 * kD);
+        }
+    }
+}
+
 // The pointer or nullptr the reference takes for `t`.
 struct Desc {
     kpool_tensor d;

@@ -91,31 +91,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     if (valid) opts.check_marks(op, {{KPOOL_INDEX_TSLOT, false}});
-    {
-        const kpool_tensor w = want.desc(), k = key.desc(), g = gate.desc(), ts = tslot.desc();
-        kpool_ref::seed_tail_cache(&w, &k, &g, &ts, pool_size, head_dim);
-    }
-    // Ring slots that several tokens seed: any one token's bytes per byte.
-    std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> writers;
-    for (int64_t i = 0; i < count; i++) {
-        const int64_t s = tslot.get_int(i);
-        if (s < 0) continue;
-        if (i + pool_size < count) {
-            const int64_t ahead = tslot.get_int(i + pool_size);
-            if (ahead >= 0 && ahead / r == s / r) continue;  // not among its request's last P
-        }
-        writers[{s / r, s % r}].push_back(i);
-    }
     Contested contested;
-    for (auto &[at, tokens] : writers) {
-        if (tokens.size() < 2) continue;
-        for (int64_t i : tokens) {
-            contested.add(tail, tail.byte_offset({at.first, 0, at.second, 0}), key.data() + key.byte_offset({i, 0}),
-                          2 * kD);
-            contested.add(tail, tail.byte_offset({at.first, 1, at.second, 0}), gate.data() + gate.byte_offset({i, 0}),
-                          2 * kD);
-        }
-    }
+    seed_by_reference(want, key, gate, tslot, pool_size, contested);
     check_bytes_contested(tail, want.storage, contested, op, "tail_kv_cache vs the reference");
     return 0;
 }
