@@ -5,7 +5,7 @@
 
 namespace kpool::cpu {
 
-#include "family.inc"
+KPOOL_SCHEDULE_FAMILY
 
 // The test-only numerics probe runs on the host only.
 void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan);

@@ -36,15 +36,7 @@ ScheduleDecisions schedule_decisions(const BuildPlan &plan, const KernelAsked &k
         }                                                               \
     }
 
-KPOOL_DISPATCH(schedule_fwht, FwhtStages)
-KPOOL_DISPATCH(schedule_compress_to_cache, CompressToCacheStages)
-KPOOL_DISPATCH(schedule_compress_to_rows, CompressToRowsStages)
-KPOOL_DISPATCH(schedule_seed_tail, SeedTailStages)
-KPOOL_DISPATCH(schedule_decode_write, DecodeWriteStages)
-KPOOL_DISPATCH(schedule_decode_stash, DecodeStashStages)
-KPOOL_DISPATCH(schedule_decode_update, DecodeUpdateStages)
-KPOOL_DISPATCH(schedule_expand, ExpandStages)
-KPOOL_DISPATCH(schedule_index_check, IndexCheckStages)
+KPOOL_SCHEDULE_HOOKS(KPOOL_DISPATCH)
 
 // The probe is a test of the shared numerics on the host only.
 void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan) {

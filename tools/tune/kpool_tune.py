@@ -61,17 +61,9 @@ sys.path.insert(0, os.path.join(REPO, "schedules"))
 import knobs as knobs_file  # noqa: E402
 
 
-# The decode layout rule's bounds (decode.per_token_*, decode.exact_per_token_*):
-# CMakeLists.txt compiles them into the runtime, not into any kernel, so a
-# candidate built with other values would run its kernels under the hand
-# values' rule, and `apply` would write values no run measured. No unit
-# varies them; `$KPOOL_DECODE_LAYOUT` times both layouts (bench_gpu.py).
-RUNTIME_KNOBS = re.compile(r"decode\.(exact_)?per_token_")
-
-
 def unit_of(knob):
     op = knob.split(".")[0]
-    if op not in OPS or RUNTIME_KNOBS.match(knob):
+    if op not in OPS:
         return None  # not a kernel's knob of an op: no unit times it
     return f"{op}.exact" if "exact" in knob else op
 

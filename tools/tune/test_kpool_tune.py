@@ -72,11 +72,10 @@ def test_gpu_families_name_the_same_knobs():
 def test_units_split_by_op_and_arithmetic():
     u = kt.units(read("sm90"))
     knobs = read("sm90")
-    # The runtime's decode layout rule is no kernel's: no unit varies it.
-    layout_rule = {f"decode.{arith}per_token_{bound}" for arith in ("", "exact_") for bound in ("max_pool", "min_next_n")}
+    # The runtime's decode layout rule is no knob (runtime/ops/decode_layouts.h).
+    assert not [k for k in knobs.values if "per_token_" in k]
     in_units = [k for ks in u.values() for k in ks]
-    assert layout_rule <= set(knobs.values) and not layout_rule & set(in_units)
-    tunable = sorted(k for k in knobs.values if len(knobs.legal[k]) > 1 and k not in layout_rule)
+    tunable = sorted(k for k in knobs.values if len(knobs.legal[k]) > 1)
     assert sorted(in_units) == tunable  # each in one unit
     assert u["compress.exact"] == ["compress.exact_values", "compress.exact_words_values",
                                    "compress.exact_words_unrolled_slots"]
