@@ -22,6 +22,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import kpool_tune as kt  # noqa: E402
+import tune_run  # noqa: E402 (where run looks up open_session)
 import knobs as kf  # noqa: E402 (schedules/knobs.py, on the path kpool_tune puts it)
 
 SCHEDULES = os.path.join(kt.REPO, "schedules")
@@ -246,7 +247,7 @@ def fake_bundle(tmp_path, faults):
 
 @pytest.mark.parametrize("preflight", [True, False])
 def test_run_records_a_segfault_a_hang_and_a_raise_and_goes_on(tmp_path, monkeypatch, capsys, preflight):
-    monkeypatch.setattr(kt, "open_session", FakeSession)
+    monkeypatch.setattr(tune_run, "open_session", FakeSession)
     bundle = fake_bundle(tmp_path, [None, "segfault", None, "hang", "raise", None])
     out = tmp_path / "results.json"
     kt.main(["run", bundle, "--candidate-timeout", "3", "--out", str(out)] + ([] if preflight else ["--no-preflight"]))
@@ -266,7 +267,7 @@ def test_run_records_a_segfault_a_hang_and_a_raise_and_goes_on(tmp_path, monkeyp
 
 
 def test_check_fails_on_a_faulting_candidate(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(kt, "open_session", FakeSession)
+    monkeypatch.setattr(tune_run, "open_session", FakeSession)
     assert kt.main(["check", fake_bundle(tmp_path, [None, None]), "--candidate-timeout", "3"]) == 0
     assert kt.main(["check", fake_bundle(tmp_path, [None, "segfault"]), "--candidate-timeout", "3"]) == 1
     assert "1 failed, 0 not reached" in capsys.readouterr().out
@@ -277,8 +278,8 @@ def test_sigterm_ends_the_run_and_its_workers(tmp_path):
     workers must not outlive it (a hung one would hold the GPU)."""
     bundle = fake_bundle(tmp_path, [None, "hang"])
     pids = tmp_path / "pids"
-    script = (f"import sys; sys.path[:0] = [{HERE!r}]; import kpool_tune as kt, test_kpool_tune as t; "
-              f"kt.open_session = t.FakeSession; "
+    script = (f"import sys; sys.path[:0] = [{HERE!r}]; import kpool_tune as kt, tune_run, test_kpool_tune as t; "
+              f"tune_run.open_session = t.FakeSession; "
               f"kt.main(['run', {bundle!r}, '--no-preflight', '--out', {str(tmp_path / 'r.json')!r}])")
     p = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "KPOOL_TUNE_TEST_PIDS": str(pids)})
     deadline = time.time() + 30
@@ -300,7 +301,7 @@ def test_sigterm_ends_the_run_and_its_workers(tmp_path):
 
 
 def test_a_spent_budget_leaves_candidates_not_reached(tmp_path, monkeypatch):
-    monkeypatch.setattr(kt, "open_session", FakeSession)
+    monkeypatch.setattr(tune_run, "open_session", FakeSession)
     out = tmp_path / "results.json"
     kt.main(["run", fake_bundle(tmp_path, [None, None, None]), "--budget", "0", "--out", str(out)])
     results = json.loads(out.read_text())
