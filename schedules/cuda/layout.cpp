@@ -30,7 +30,7 @@ RowLayout row_layout(const BuildPlan &build, const KernelAsked &kernel) {
                                                          : plan.compress_values;
         break;
     case KernelAsked::Kind::Decode:
-        values = plan.decode_values;
+        values = kDecodeValues;
         break;
     case KernelAsked::Kind::SeedTail:  // not a row kernel
         break;

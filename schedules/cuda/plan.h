@@ -10,6 +10,10 @@ namespace kpool::cuda {
 
 constexpr int kWarpSize = 32;
 constexpr int kValuesPerLane = 4;  // of the seed and stash copies: 8 bytes per lane
+// Decode's values per lane of a token's row: a call is latency-bound, so
+// more lanes per token. Not a knob: 8 and 16 do not compile in Halide 21
+// ("Name not in Scope: lane_fp8_scale.16" in the one-kernel decode).
+constexpr int kDecodeValues = 4;
 
 // A family's schedule parameters, read from its knobs (the values, their
 // legal values and the measurements behind them are there): what each one decides. A knob is a line there and a field
@@ -38,7 +42,6 @@ struct CudaPlan : KnobReader {
     // memory, computed and summed in groups of this many slots, each group
     // unrolled (pool_words_in_warp).
     int compress_exact_words_unrolled_slots = knob("compress.exact_words_unrolled_slots");
-    int decode_values = knob("decode.values");                    // latency-bound: more lanes per token
     // Decode in the exact arithmetic pools each element of a completion on a
     // thread of its own rather than V per lane: the f64 exps make the pool
     // the longest chain. (The triton arithmetic's pool is short: there the

@@ -25,8 +25,8 @@ two machines kpool is built and measured on.
          (reference, hand, tuned, autoscheduled per case).
 
 A tuning unit is the knobs of one op (the name's prefix: fwht, compress,
-decode, seed, expand); knobs named *exact* form a unit of their own, timed in
-the exact arithmetic, the others in the reference's (the CUDA default). The
+decode, seed, expand); the knobs a knobs file lists `exact_only` form a unit of
+their own, timed in the exact arithmetic, the others in the reference's (the CUDA default). The
 CPU family has the exact arithmetic only. numpy is all `plan` and `apply`
 need; `run` needs torch on CUDA.
 

@@ -20,18 +20,20 @@ sys.path.insert(0, os.path.join(REPO, "schedules"))
 import knobs as knobs_file  # noqa: E402
 
 
-def unit_of(knob):
-    op = knob.split(".")[0]
+def unit_of(knobs, name):
+    """The tuning unit of knob `name` of `knobs` (a knobs_file.Knobs): its op,
+    and of the exact arithmetic where the knobs file lists it exact_only."""
+    op = name.split(".")[0]
     if op not in OPS:
         return None  # not a kernel's knob of an op: no unit times it
-    return f"{op}.exact" if "exact" in knob else op
+    return f"{op}.exact" if name in knobs.exact_only else op
 
 
 def units(knobs):
     """{unit: [knob names]} of the knobs (a knobs_file.Knobs) with more than one legal value."""
     out = {}
     for name in knobs.values:
-        u = unit_of(name)
+        u = unit_of(knobs, name)
         if u and len(knobs.legal[name]) > 1:
             out.setdefault(u, []).append(name)
     return out
