@@ -1,6 +1,7 @@
 # kpool_knobs(<family> <out-var>)
 #
-# The family's schedule parameters from ${KPOOL_KNOBS_DIR}/<family>.knobs, as
+# The family's schedule parameters from ${KPOOL_KNOBS_DIR}/<family>.knobs (and
+# the base it names, cuda.base for the GPU families), as
 # the "name:value,..." string the generators take (knobs=...), read once per
 # family by schedules/knobs.py (the one reader, shared with tools/tune): a
 # malformed line, a value outside its legal values or a `require` that does
@@ -19,7 +20,9 @@ function(kpool_knobs family out)
     if (NOT Python3_EXECUTABLE)
         find_package(Python3 REQUIRED COMPONENTS Interpreter)
     endif ()
-    set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${file}")
+    execute_process(COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/schedules/knobs.py" files "${file}"
+                    OUTPUT_VARIABLE files OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${file}" ${files})
     execute_process(COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/schedules/knobs.py" wire "${file}"
                     OUTPUT_VARIABLE knobs ERROR_VARIABLE error RESULT_VARIABLE failed
                     OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_STRIP_TRAILING_WHITESPACE)
@@ -66,9 +69,10 @@ endfunction()
 # A CPU kernel that names a GPU family (PARAMS gpu=<family>: its layout,
 # tested on the CPU) gets the knobs of both. COHERENT_LOADS (CUDA): the
 # kernel's global loads are coherent ones (cmake/ptx_coherent_loads.py), for
-# a kernel that writes memory it also reads through an input.
+# a kernel that writes memory it also reads through an input. TEST: built
+# by kpool_test_generators (the tests' generators and schedules).
 function(kpool_add_kernel function)
-    cmake_parse_arguments(ARG "COHERENT_LOADS" "GENERATOR;VARIANT;DEVICE;AUTOSCHEDULER;KNOBS;CANDIDATE" "PARAMS"
+    cmake_parse_arguments(ARG "COHERENT_LOADS;TEST" "GENERATOR;VARIANT;DEVICE;AUTOSCHEDULER;KNOBS;CANDIDATE" "PARAMS"
                           ${ARGN})
     if (DEFINED ARG_KNOBS)
         set(knobs "${ARG_KNOBS}")
@@ -107,7 +111,11 @@ function(kpool_add_kernel function)
         # The generator's schedule() steps aside; the plugin schedules it.
         list(APPEND extra_outputs AUTOSCHEDULER ${ARG_AUTOSCHEDULER})
     endif ()
-    add_halide_library(${function} FROM kpool_generators
+    set(generator kpool_generators)
+    if (ARG_TEST)
+        set(generator kpool_test_generators)
+    endif ()
+    add_halide_library(${function} FROM ${generator}
                        GENERATOR ${ARG_GENERATOR}
                        FUNCTION_NAME ${function}
                        TARGETS ${KPOOL_CPU_TARGET}

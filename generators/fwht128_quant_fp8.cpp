@@ -38,16 +38,13 @@ public:
         quantized(s.d, s.row) = Tuple(s.rotate.quant.codes(s.d, s.row), s.rotate.quant.scale(s.d, s.row));
         q.dim(0).set_bounds(0, kHeadDim);
         constrain_row_views(Func(quantized).output_buffers(), kHeadDim);
+        s.out = quantized;
     }
 
     void schedule() {
         q.set_estimates({{0, kHeadDim}, {0, estimate::kRows}});
         quantized.set_estimates({{0, kHeadDim}, {0, estimate::kRows}});
-        if (using_autoscheduler()) {
-            return;
-        }
-        stages.out = quantized;
-        schedule_fwht(stages, build_plan());
+        schedule_with(schedule_fwht, stages);
     }
 
 private:
@@ -104,16 +101,13 @@ public:
         q.dim(1).set_stride((q.dim(1).stride() / kLoadPairs) * kLoadPairs);
         constrain_row_views(Func(quantized).output_buffers(), kWords);
         s.codes_per_word = kWordCodes;
+        s.out = quantized;
     }
 
     void schedule() {
         q.set_estimates({{0, kPairs}, {0, estimate::kRows}});
         quantized.set_estimates({{0, kWords}, {0, estimate::kRows}});
-        if (using_autoscheduler()) {
-            return;
-        }
-        stages.out = quantized;
-        schedule_fwht(stages, build_plan());
+        schedule_with(schedule_fwht, stages);
     }
 
 private:

@@ -56,15 +56,14 @@ public:
     GeneratorInput<bool> aligned_data{"aligned_data"};
 
 protected:
-    // The inputs' estimates; true where an autoscheduler schedules instead.
-    bool estimate_inputs() {
+    // The inputs' estimates (every kernel of the base takes them).
+    void estimate_inputs() {
         using namespace estimate;
         slot_k.set_estimates({{0, kHeadDim / values_per_item(slot_k.type())}, {0, pool_size}, {0, kPools}});
         slot_score.set_estimates({{0, kHeadDim / values_per_item(slot_score.type())}, {0, pool_size}, {0, kPools}});
         ape.set_estimates({{0, kHeadDim}, {0, pool_size}});
         round_scale.set_estimate(true);
         aligned_data.set_estimate(true);
-        return this->using_autoscheduler();
     }
 
     // What the schedules specialize on: whether every row of the inputs
@@ -82,8 +81,11 @@ protected:
     // Whether this is a words kernel (slot_k as words of bf16).
     bool words() { return values_per_item(slot_k.type()) > 1; }
 
+    // The kernel's pool: what its schedule specializes on (s.conditions) and
+    // the compress stages (s.compress).
     template <typename Stages>
-    CompressPool define_compress(Stages &s) {
+    void define_compress(Stages &s) {
+        s.conditions = conditions();
         Var d = s.d, j = s.j, pool = s.pool;
         const BuildPlan plan = this->build_plan();
         const Arithmetic arith = arithmetic_for(arithmetic, plan.target);
@@ -103,10 +105,11 @@ protected:
         slot_k.dim(0).set_bounds(0, kHeadDim / values_per_item(slot_k.type())).dim(1).set_bounds(0, pool_size);
         slot_score.dim(0).set_bounds(0, kHeadDim / values_per_item(slot_score.type())).dim(1).set_bounds(0, pool_size);
         ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, pool_size);
-        return compress_pool(key, score, ape_f32, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
-                             pool_arithmetic(arith, plan.target, rounding_barrier(plan.barrier_operand(slot_k.dim(2))),
-                                             decided.exp_branches, decided.exp_fma_fast_path),
-                             decided.e4m3);
+        s.compress = compress_pool(key, score, ape_f32, pool_size, d, j, s.v, s.lane, {pool}, s.layout, round_scale,
+                                   pool_arithmetic(arith, plan.target,
+                                                   rounding_barrier(plan.barrier_operand(slot_k.dim(2))),
+                                                   decided.exp_branches, decided.exp_fma_fast_path),
+                                   decided.e4m3);
     }
 
     // The words kernels: each lane reads its V values of every slot itself
@@ -157,8 +160,7 @@ public:
 
     void generate() {
         CompressToCacheStages &s = stages;
-        s.conditions = conditions();
-        s.compress = define_compress(s);
+        define_compress(s);
         const Fp8Row &quant = s.compress.rotate.quant;
 
         // Only the targeted rows change: the rest of the cache is left as is.
@@ -178,6 +180,7 @@ public:
 
         loc.dim(0).set_stride(Expr());
         write_mask.dim(0).set_stride(Expr());  // 0 when absent
+        s.cache = cache;
     }
 
     void schedule() {
@@ -185,11 +188,8 @@ public:
         loc.set_estimates({{0, kPools}});
         write_mask.set_estimates({{0, kPools}});
         cache.set_estimates(estimate::in_place_cache());
-        if (estimate_inputs()) {
-            return;
-        }
-        stages.cache = cache;
-        schedule_compress_to_cache(stages, build_plan());
+        estimate_inputs();
+        schedule_with(schedule_compress_to_cache, stages);
     }
 
 private:
@@ -203,23 +203,20 @@ public:
 
     void generate() {
         CompressToRowsStages &s = stages;
-        s.conditions = conditions();
-        s.compress = define_compress(s);
+        define_compress(s);
         const Fp8Row &quant = s.compress.rotate.quant;
         compressed(s.d, s.pool) = Tuple(quant.codes(s.d, s.pool), quant.scale(s.d, s.pool));
         constrain_row_views(Func(compressed).output_buffers(), kHeadDim);
         if (words()) {
             align_rows(Func(compressed).output_buffers()[0], {1}, kCodeWord);  // (d, pool)
         }
+        s.out = compressed;
     }
 
     void schedule() {
         compressed.set_estimates({{0, kHeadDim}, {0, estimate::kPools}});
-        if (estimate_inputs()) {
-            return;
-        }
-        stages.out = compressed;
-        schedule_compress_to_rows(stages, build_plan());
+        estimate_inputs();
+        schedule_with(schedule_compress_to_rows, stages);
     }
 
 private:
@@ -309,6 +306,7 @@ public:
         for (auto *per_token : {&slot_mapping, &positions, &tail_slot_mapping}) {
             per_token->dim(0).set_stride(Expr());
         }
+        s.cache = cache;
     }
 
     void schedule() {
@@ -323,11 +321,7 @@ public:
         }
         tail.set_estimates(tail_ring(pool_size));
         cache.set_estimates(kv_cache());
-        if (using_autoscheduler()) {
-            return;
-        }
-        stages.cache = cache;
-        schedule_compress_to_cache(stages, build_plan());
+        schedule_with(schedule_compress_to_cache, stages);
     }
 
 private:

@@ -1,6 +1,6 @@
 // kpool_decode_update_and_maybe_write_cache_batched. On CUDA one kernel,
 // kpool_decode_update (a block of requests, one or a warp each: their
-// completions, one barrier, then their stashes; schedules/cuda.cpp); on the
+// completions, one barrier, then their stashes; schedules/cuda/decode.cpp); on the
 // CPU, and on CUDA for a K cache launched in windows of pages, two, which
 // the runtime runs in order (the first once per window):
 //   kpool_decode_write_cache: every completing token's pool, compressed and
@@ -210,6 +210,7 @@ void define_completions(DecodeWriteStages &s, Args &in, const DecodeTokens &toke
     in.tail.dim(1).set_stride(kHeadDim);
     in.tail.dim(2).set_bounds(0, 2);
     in.ape.dim(0).set_bounds(0, kHeadDim).dim(1).set_bounds(0, P);
+    s.cache = cache;
 }
 
 // The [B, N] inputs' own constraints (the ragged ones state theirs).
@@ -266,6 +267,7 @@ void define_stashes(DecodeStashStages &s, Func tail, Func tail_slot_mapping, Fun
         select(half == 0, in_batch(key)(d, t_var, b_var), in_batch(slot_score)(d, t_var, b_var));
     tail(r.x, at.ring_pos, h, at.block) = s.stash_row(r.x, h, t, b);
     tail.output_buffer().dim(0).set_bounds(0, kHeadDim).dim(1).set_stride(kHeadDim).dim(2).set_bounds(0, 2);
+    s.tail = tail;
 }
 
 class DecodeWriteCache : public KpoolGenerator<DecodeWriteCache> {
@@ -285,12 +287,10 @@ public:
     void schedule() {
         in.set_estimates(pool_size);
         cache.set_estimates(estimate::kv_cache());
-        if (using_autoscheduler()) {
-            return;
+        if (!using_autoscheduler()) {
+            stages.pipeline = get_pipeline();  // for the schedule's lowering pass
         }
-        stages.cache = cache;
-        stages.pipeline = get_pipeline();
-        schedule_decode_write(stages, build_plan());
+        schedule_with(schedule_decode_write, stages);
     }
 
 private:
@@ -326,7 +326,7 @@ public:
 
     void generate() {
         const DecodeTokens tokens = in.tokens();
-        // A warp per token runs a block per request (schedules/cuda.cpp): its
+        // A warp per token runs a block per request (schedules/cuda/decode.cpp): its
         // request loop is the grid, never rounded up.
         const bool requests_in_blocks = layout != DecodeLayout::WarpPerToken;
         define_completions(stages.write, in, tokens, cache, pool_size, this->build_plan(), arithmetic,
@@ -354,20 +354,17 @@ public:
             in.ape.dim(1).set_stride(kHeadDim);
         }
         stages.aligned_rows = aligned_rows;
+        stages.layout = layout;
     }
 
     void schedule() {
         in.set_estimates(pool_size);
         cache.set_estimates(estimate::kv_cache());
         tail_out.set_estimates(estimate::tail_ring(pool_size));
-        if (this->using_autoscheduler()) {
-            return;
+        if (!this->using_autoscheduler()) {
+            stages.write.pipeline = this->get_pipeline();  // for the schedule's lowering pass
         }
-        stages.write.cache = cache;
-        stages.write.pipeline = this->get_pipeline();
-        stages.stashes.tail = tail_out;
-        stages.layout = layout;
-        schedule_decode_update(stages, this->build_plan());
+        this->schedule_with(schedule_decode_update, stages);
     }
 
 private:
@@ -485,11 +482,7 @@ public:
         key.set_estimates(estimate::decode_rows());
         slot_score.set_estimates(estimate::decode_rows());
         tail.set_estimates(estimate::tail_ring(estimate::kPoolSize));
-        if (using_autoscheduler()) {
-            return;
-        }
-        stages.tail = tail;
-        schedule_decode_stash(stages, build_plan());
+        schedule_with(schedule_decode_stash, stages);
     }
 
 private:

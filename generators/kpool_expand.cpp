@@ -12,13 +12,28 @@ namespace {
 // Where emitted token ids go (SPEC op 6).
 enum TokenMap { kIdentity = 0, kPageTable = 1, kOffsets = 2 };
 
-// A token id mapped through the page table (index clamped to its width, as
-// the reference's gather) or shifted by the row's offset.
-Expr map_token(Expr token, Expr row, Expr mode, Func page_table, Expr table_width, Func offsets) {
+// A token id mapped through the page table (col, row) (index clamped to its
+// width, as the reference's gather) or shifted by the row's offset (row).
+// Either input is absent (stride 0) where `mode` does not use it.
+template <typename PageTable, typename Offsets>
+Expr map_token(Expr token, Expr row, Expr mode, PageTable &page_table, Offsets &offsets) {
+    page_table.dim(0).set_stride(Expr());
+    offsets.dim(0).set_stride(Expr());
+    Func table = page_table, offset = offsets;
+    Expr table_width = page_table.dim(0).extent();
     token = cast<int64_t>(token);
-    Expr gathered = page_table(cast<int32_t>(clamp(token, 0, cast<int64_t>(table_width) - 1)), row);
-    Expr shifted = cast<int32_t>(token + offsets(row));
+    Expr gathered = table(cast<int32_t>(clamp(token, 0, cast<int64_t>(table_width) - 1)), row);
+    Expr shifted = cast<int32_t>(token + offset(row));
     return select(mode == kPageTable, gathered, mode == kOffsets, shifted, cast<int32_t>(token));
+}
+
+// The token map's estimates: identity, a page table of a long sequence.
+template <typename PageTable, typename Offsets, typename Mode>
+void estimate_token_map(PageTable &page_table, Offsets &offsets, Mode &mode) {
+    using namespace estimate;
+    page_table.set_estimates({{0, kSeqLen}, {0, kExpandRows}});
+    offsets.set_estimates({{0, kExpandRows}});
+    mode.set_estimate(0);
 }
 
 // Index inputs read with -1 past their first `extent` columns. The runtime
@@ -76,10 +91,7 @@ public:
         pool_size.set_estimate(kMaxPoolSize);
         bound_pool_ids.set_estimate(true);
         out.set_estimates({{0, kTopk + kPoolSize - 1}, {0, kExpandRows}});
-        if (using_autoscheduler()) {
-            return;
-        }
-        schedule_expand(stages, build_plan());
+        schedule_with(schedule_expand, stages);
     }
 
 private:
@@ -104,10 +116,8 @@ public:
         // tells bounds inference so (it cannot bound a shift).
         Expr g = clamp(pool.div(c), 0, group_ids.dim(0).extent() - 1);
         Expr token = cast<int64_t>(group_ids(g, row)) * P + pool.mod(c);
-        Expr mapped = map_token(token, row, token_map, page_table, page_table.dim(0).extent(), topk_offsets);
+        Expr mapped = map_token(token, row, token_map, page_table, topk_offsets);
         out(c, row) = select(group_valid(g, row) != 0, mapped, -1);
-        page_table.dim(0).set_stride(Expr());    // 0 when absent
-        topk_offsets.dim(0).set_stride(Expr());  // 0 when absent
         stages.out = out;
         stages.pool_size = pool_size;
     }
@@ -116,15 +126,10 @@ public:
         using namespace estimate;
         group_ids.set_estimates({{0, kTopk / kPoolSize}, {0, kExpandRows}});
         group_valid.set_estimates({{0, kTopk / kPoolSize}, {0, kExpandRows}});
-        page_table.set_estimates({{0, kSeqLen}, {0, kExpandRows}});
-        topk_offsets.set_estimates({{0, kExpandRows}});
-        token_map.set_estimate(0);
+        estimate_token_map(page_table, topk_offsets, token_map);
         pool_size.set_estimate(kMaxPoolSize);
         out.set_estimates({{0, kTopk}, {0, kExpandRows}});
-        if (using_autoscheduler()) {
-            return;
-        }
-        schedule_expand(stages, build_plan());
+        schedule_with(schedule_expand, stages);
     }
 
 private:
@@ -151,12 +156,10 @@ public:
         Expr tail_start = cast<int64_t>(pool_lens(row)) * pool_size;
         Expr tail_off = cast<int64_t>(c) - history_cols;
         Expr is_tail = tail_off >= 0 && tail_off < cast<int64_t>(seq_lens(row)) - tail_start;
-        Expr tail = map_token(tail_start + tail_off, row, token_map, page_table, page_table.dim(0).extent(), topk_offsets);
+        Expr tail = map_token(tail_start + tail_off, row, token_map, page_table, topk_offsets);
         out(c, row) = select(is_tail, tail, c < history_cols, history(c, row), -1);
         seq_lens.dim(0).set_stride(Expr());
         pool_lens.dim(0).set_stride(Expr());
-        page_table.dim(0).set_stride(Expr());    // 0 when absent
-        topk_offsets.dim(0).set_stride(Expr());  // 0 when absent
         stages.out = out;
         stages.pool_size = pool_size;
     }
@@ -167,15 +170,10 @@ public:
         history_cols.set_estimate(kTopk);
         seq_lens.set_estimates({{0, kExpandRows}});
         pool_lens.set_estimates({{0, kExpandRows}});
-        page_table.set_estimates({{0, kSeqLen}, {0, kExpandRows}});
-        topk_offsets.set_estimates({{0, kExpandRows}});
-        token_map.set_estimate(0);
+        estimate_token_map(page_table, topk_offsets, token_map);
         pool_size.set_estimate(kMaxPoolSize);
         out.set_estimates({{0, kTopk + kPoolSize - 1}, {0, kExpandRows}});
-        if (using_autoscheduler()) {
-            return;
-        }
-        schedule_expand(stages, build_plan());
+        schedule_with(schedule_expand, stages);
     }
 
 private:

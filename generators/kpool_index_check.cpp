@@ -43,10 +43,7 @@ public:
         enabled.set_estimates({{0, kNextN}});
         limit.set_estimate(int64_t(kCacheBlocks) * kBlockSize);
         mark.set_estimates({{0, 1}});
-        if (using_autoscheduler()) {
-            return;
-        }
-        schedule_index_check(stages, build_plan());
+        schedule_with(schedule_index_check, stages);
     }
 
 private:

@@ -55,6 +55,7 @@ public:
         tail.dim(0).set_bounds(0, kHeadDim);
         tail.dim(1).set_stride(kHeadDim);
         tail.dim(2).set_bounds(0, 2);
+        stages.tail = tail;
     }
 
     void schedule() {
@@ -64,11 +65,7 @@ public:
         tslot.set_estimates({{0, kTokens}});
         pool_size.set_estimate(kMaxPoolSize);
         tail.set_estimates(in_place_tail());
-        if (using_autoscheduler()) {
-            return;
-        }
-        stages.tail = tail;
-        schedule_seed_tail(stages, build_plan());
+        schedule_with(schedule_seed_tail, stages);
     }
 
 private:

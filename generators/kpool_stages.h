@@ -3,7 +3,7 @@
 // schedule places), what the algorithm asks of the schedule before it is
 // written (ScheduleDecisions), and the schedule_*() hooks. The algorithms
 // (generators/) state the math only and include nothing from schedules/;
-// the schedule families (schedules/: cpu.cpp for the host CPU, cuda.cpp for
+// the schedule families (schedules/: cpu.cpp for the host CPU, cuda/ for
 // CUDA, each family's parameters in <family>.knobs) implement the hooks, and
 // schedules/kpool_schedules.cpp picks the family from the target.
 #pragma once
@@ -72,6 +72,16 @@ protected:
                               this->using_autoscheduler()};
         }
         return *plan_;
+    }
+
+    // The family's schedule of this kernel's stages (a hook below), unless
+    // an autoscheduler schedules it (a twin): every generator's schedule()
+    // sets its estimates, then calls this.
+    template <typename Stages>
+    void schedule_with(void (*hook)(Stages &, const BuildPlan &), Stages &stages) {
+        if (!this->using_autoscheduler()) {
+            hook(stages, build_plan());
+        }
     }
 
 private:
@@ -258,7 +268,7 @@ constexpr int kExpandRows = 1024, kTopk = 2048, kSeqLen = 131072;
 // ahead) is estimated at its largest legal value (runtime/validate.cpp):
 // Anderson2021 sizes such footprints from the estimate (bound_extent), and
 // Halide checks that bound inside a CUDA kernel with a trap, so an estimate
-// below the value called faults the context (NOTES-halide.md).
+// below the value called faults the context.
 constexpr int kMaxPoolSize = 64;
 // The shapes more than one generator shares.
 inline Halide::Region tail_ring(int ring) { return {{0, kHeadDim}, {0, ring}, {0, 2}, {0, kTailBlocks}}; }
@@ -275,16 +285,26 @@ inline Halide::Region decode_tokens() { return {{0, kNextN}, {0, kRequests}}; } 
 inline Halide::Region decode_rows() { return {{0, kHeadDim}, {0, kNextN}, {0, kRequests}}; }  // (d, token, request)
 }  // namespace estimate
 
-// Each picks the family (cpu.h, cuda.h) from the plan's target.
-void schedule_fwht(FwhtStages &s, const BuildPlan &plan);
-void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan);
-void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan);
-void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan);
-void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan);
-void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan);
-void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &plan);
-void schedule_expand(ExpandStages &s, const BuildPlan &plan);
-void schedule_index_check(IndexCheckStages &s, const BuildPlan &plan);
+// The schedule hooks, one line each: X(hook, its stages). Declared here
+// (each picks the family from the plan's target), by each family (cpu.h,
+// cuda.h) and dispatched (schedules/kpool_schedules.cpp) from this list.
+#define KPOOL_SCHEDULE_HOOKS(X)                         \
+    X(schedule_fwht, FwhtStages)                        \
+    X(schedule_compress_to_cache, CompressToCacheStages) \
+    X(schedule_compress_to_rows, CompressToRowsStages)   \
+    X(schedule_seed_tail, SeedTailStages)               \
+    X(schedule_decode_write, DecodeWriteStages)         \
+    X(schedule_decode_stash, DecodeStashStages)         \
+    X(schedule_decode_update, DecodeUpdateStages)       \
+    X(schedule_expand, ExpandStages)                    \
+    X(schedule_index_check, IndexCheckStages)
+#define KPOOL_DECLARE_SCHEDULE_HOOK(hook, Stages) void hook(Stages &s, const BuildPlan &plan);
+KPOOL_SCHEDULE_HOOKS(KPOOL_DECLARE_SCHEDULE_HOOK)
+// What a family provides (inside its namespace: cpu.h, cuda.h): the hooks
+// and the row layout its kernels ask for (ScheduleDecisions::layout).
+#define KPOOL_SCHEDULE_FAMILY                                                  \
+    RowLayout row_layout(const BuildPlan &plan, const KernelAsked &kernel); \
+    KPOOL_SCHEDULE_HOOKS(KPOOL_DECLARE_SCHEDULE_HOOK)
 void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan);
 
 }  // namespace kpool

@@ -65,6 +65,7 @@ void compute_pool_at(CompressPool &c, const Var &d, const Var &j, const Var &lan
 void schedule_fwht(FwhtStages &s, const BuildPlan &plan) {
     Var ro{"row_chunk"}, ri{"row_in_chunk"};
     s.out.split(s.row, ro, ri, CpuPlan(plan).fwht_rows_per_task, TailStrategy::GuardWithIf).parallel(ro);
+#ifdef KPOOL_TEST_GENERATORS
     if (s.layout.values_per_lane > 1 || s.codes_per_word > 1) {
         // A GPU family's layout (or words) on the CPU, only to test its
         // algorithm: every stage at its row, scalar.
@@ -72,6 +73,7 @@ void schedule_fwht(FwhtStages &s, const BuildPlan &plan) {
         compute_row_at(s.rotate, s.lane, LoopLevel(s.out, ri), 1);
         return;
     }
+#endif
     const int lanes = plan.target.natural_vector_size<float>();
     s.out.vectorize(s.d, lanes);
     s.rotate.input.compute_at(s.out, ri).vectorize(s.d, lanes);
@@ -138,8 +140,9 @@ void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan) {
 // already; a fused kernel would only save a launch, which the CPU does not
 // pay). This schedule is the tests' (kpool_cpu_decode_update_p*): the one
 // GPU kernel's algorithm, a request's completions then its stashes, checked
-// byte for byte against the two kernels.
+// byte for byte against the two kernels. The product's generators refuse it.
 void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &plan) {
+#ifdef KPOOL_TEST_GENERATORS
     DecodeWriteStages &w = s.write;
     const int lanes = plan.target.natural_vector_size<float>();
     RVar request = w.write.z;
@@ -155,6 +158,10 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &plan) {
         .vectorize(st.stash.x, plan.target.natural_vector_size<uint16_t>())
         .compute_with(completions, request);
     st.overwritten.compute_at(st.tail, st.stash.y);
+#else
+    throw CompileError("the CPU runs decode as its two kernels: the one-kernel decode on the CPU is the tests' "
+                       "(kpool_test_generators)");
+#endif
 }
 
 void schedule_expand(ExpandStages &s, const BuildPlan &plan) {
@@ -167,12 +174,5 @@ void schedule_expand(ExpandStages &s, const BuildPlan &plan) {
 // A serial scan: the CPU path rejects out-of-range indices before it runs,
 // so only the tests call this variant.
 void schedule_index_check(IndexCheckStages &s, const BuildPlan &) {}
-
-void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan) {
-    for (Func &f : s.outputs) {
-        Var io{"i_chunk"}, ii{"i_in_chunk"};
-        f.split(s.i, io, ii, 1 << 14, TailStrategy::GuardWithIf).parallel(io).vectorize(ii, plan.target.natural_vector_size<float>());
-    }
-}
 
 }  // namespace kpool::cpu

@@ -5,9 +5,6 @@
 
 namespace kpool::cpu {
 
-#include "family.inc"
-
-// The test-only numerics probe runs on the host only.
-void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan);
+KPOOL_SCHEDULE_FAMILY
 
 }  // namespace kpool::cpu

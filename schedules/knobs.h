@@ -1,5 +1,5 @@
 // A family's schedule parameters ("knobs") as typed fields: each family's
-// plan (CpuPlan in cpu.cpp, CudaPlan in cuda.cpp) derives from KnobReader
+// plan (CpuPlan in cpu.cpp, CudaPlan in cuda/plan.h) derives from KnobReader
 // and reads each knob in its field's initializer,
 //
 //     int fwht_values = knob("fwht.values");

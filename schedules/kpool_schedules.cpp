@@ -6,13 +6,23 @@
 
 namespace kpool {
 
-// A CPU build that names a GPU family gets that family's layout: the tests
-// run the GPU layouts' algorithms on the CPU (tests/test_layouts.cpp).
+// In the tests' generators (KPOOL_TEST_GENERATORS) a CPU build that names a
+// GPU family gets that family's layout: the tests run the GPU layouts'
+// algorithms on the CPU (tests/test_layouts.cpp). The product's generators
+// build no such kernel.
 ScheduleDecisions schedule_decisions(const BuildPlan &plan, const KernelAsked &kernel) {
     const bool cuda = plan.target.has_feature(Target::CUDA);
+#ifdef KPOOL_TEST_GENERATORS
+    const bool gpu_layout = cuda || !plan.gpu.empty();
+#else
+    if (!cuda && !plan.gpu.empty()) {
+        throw Halide::CompileError("a CPU kernel with GPU family " + plan.gpu + "'s layout is the tests' (kpool_test_generators)");
+    }
+    const bool gpu_layout = cuda;
+#endif
     ScheduleDecisions d;
     if (kernel.is_row_kernel()) {
-        d.layout = cuda || !plan.gpu.empty() ? cuda::row_layout(plan, kernel) : cpu::row_layout(plan, kernel);
+        d.layout = gpu_layout ? cuda::row_layout(plan, kernel) : cpu::row_layout(plan, kernel);
     }
     d.exp_branches = cuda;
     d.member_branches = cuda && kernel.kind == KernelAsked::Kind::Decode && kernel.words;
@@ -36,20 +46,7 @@ ScheduleDecisions schedule_decisions(const BuildPlan &plan, const KernelAsked &k
         }                                                               \
     }
 
-KPOOL_DISPATCH(schedule_fwht, FwhtStages)
-KPOOL_DISPATCH(schedule_compress_to_cache, CompressToCacheStages)
-KPOOL_DISPATCH(schedule_compress_to_rows, CompressToRowsStages)
-KPOOL_DISPATCH(schedule_seed_tail, SeedTailStages)
-KPOOL_DISPATCH(schedule_decode_write, DecodeWriteStages)
-KPOOL_DISPATCH(schedule_decode_stash, DecodeStashStages)
-KPOOL_DISPATCH(schedule_decode_update, DecodeUpdateStages)
-KPOOL_DISPATCH(schedule_expand, ExpandStages)
-KPOOL_DISPATCH(schedule_index_check, IndexCheckStages)
-
-// The probe is a test of the shared numerics on the host only.
-void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan) {
-    cpu::schedule_numerics_probe(s, plan);
-}
+KPOOL_SCHEDULE_HOOKS(KPOOL_DISPATCH)
 
 #undef KPOOL_DISPATCH
 

@@ -4,27 +4,24 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <type_traits>
 #include <limits>
 #include <vector>
 
+#include "decode_layouts.h"
 #include "ops.h"
-
-#include "kpool_decode_layouts.inc"  // KPOOL_FOR_EACH_DECODE_LAYOUT_RULE(X): X(family, max pool, min next_n, the same exact)
 
 namespace kpool::rt {
 namespace {
 
-// The one-kernel decode's layout for a call (schedules/cuda.cpp, DecodeLayout):
-// a warp per token (a block per request) for pools up to a bound and at
-// least so many tokens per request, else a warp per request; the family's
-// knobs set both bounds per arithmetic (the exact arithmetic pools each
-// element of a completion on a thread of its own in the warp-per-token
-// kernel, which wins it most shapes).
-// $KPOOL_DECODE_LAYOUT (warp_per_token or warp_per_request, read once)
-// runs every call in one layout: the knobs' measurements take both.
+// The one-kernel decode's layout for a call: the family's rule
+// (decode_layouts.h). In a build with KPOOL_MEASUREMENT_HOOKS,
+// $KPOOL_DECODE_LAYOUT (warp_per_token or warp_per_request, read once) runs
+// every call in one layout, to time both; a release build reads nothing.
 Kernel decode_update_layout(Family family, Arithmetic arithmetic, int pool_size, int64_t next_n) {
+#ifdef KPOOL_MEASUREMENT_HOOKS
     static const char *const asked = std::getenv("KPOOL_DECODE_LAYOUT");
     if (asked != nullptr && std::strcmp(asked, "warp_per_token") == 0) {
         return Kernel::DECODE_UPDATE;
@@ -32,21 +29,22 @@ Kernel decode_update_layout(Family family, Arithmetic arithmetic, int pool_size,
     if (asked != nullptr && std::strcmp(asked, "warp_per_request") == 0) {
         return Kernel::DECODE_UPDATE_BY_REQUEST;
     }
-    auto per_token = [&](int max_pool, int min_next_n) { return pool_size <= max_pool && next_n >= min_next_n; };
-#define KPOOL_DECODE_LAYOUT_RULE(name, max_pool, min_next_n, exact_max_pool, exact_min_next_n)            \
-    if (family == Family::name) {                                                                         \
-        const bool exact = arithmetic == Arithmetic::exact;                                               \
-        return per_token(exact ? (exact_max_pool) : (max_pool), exact ? (exact_min_next_n) : (min_next_n)) \
-                   ? Kernel::DECODE_UPDATE                                                                \
-                   : Kernel::DECODE_UPDATE_BY_REQUEST;                                                    \
+#endif
+    const DecodeLayoutRule *rule = &kDecodeLayoutRules[std::size(kDecodeLayoutRules) - 1];
+    for (const DecodeLayoutRule &r : kDecodeLayoutRules) {
+        if (std::strcmp(r.family, name(family)) == 0) {
+            rule = &r;
+            break;
+        }
     }
-    KPOOL_FOR_EACH_DECODE_LAYOUT_RULE(KPOOL_DECODE_LAYOUT_RULE)
-#undef KPOOL_DECODE_LAYOUT_RULE
-    return Kernel::DECODE_UPDATE;
+    const bool exact = arithmetic == Arithmetic::exact;
+    const bool per_token = pool_size <= (exact ? rule->exact_max_pool : rule->max_pool) &&
+                           next_n >= (exact ? rule->exact_min_next_n : rule->min_next_n);
+    return per_token ? Kernel::DECODE_UPDATE : Kernel::DECODE_UPDATE_BY_REQUEST;
 }
 
 // The warp-per-request kernel holds a call's per-token indices in shared
-// memory (12 bytes a token, schedules/cuda.cpp): requests longer than this
+// memory (12 bytes a token, schedules/cuda/decode.cpp): requests longer than this
 // (no engine's decode step) take the warp-per-token kernel.
 constexpr int64_t kMaxTokensPerRequestLayout = 2048;
 

@@ -15,7 +15,7 @@ set(family sm89)
 set(row "${family}:89:sm_89:8.1:e4m3")
 set(build "${WORK_DIR}/build")
 file(REMOVE_RECURSE "${WORK_DIR}")
-file(COPY "${KNOBS_DIR}/" DESTINATION "${WORK_DIR}/schedules" FILES_MATCHING PATTERN "*.knobs")
+file(COPY "${KNOBS_DIR}/" DESTINATION "${WORK_DIR}/schedules" FILES_MATCHING PATTERN "*.knobs" PATTERN "*.base")
 file(COPY_FILE "${KNOBS_DIR}/sm90.knobs" "${WORK_DIR}/schedules/${family}.knobs")
 
 function(run what)

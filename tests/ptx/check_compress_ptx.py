@@ -5,7 +5,7 @@ and none of them loses the exact arithmetic's rounding barriers.
 
 Each compress kernel object of the family (kpool_<family>_compress_*.o)
 embeds its PTX. Its CUDA schedule specializes on round_scale (schedules/
-cuda.cpp, specialize_compress): three kernels (aligned rows with and
+cuda/compress.cpp, specialize_compress): three kernels (aligned rows with and
 without round_scale, any rows), or two in a words object (kpool_<family>_
 compress_to_*_words_*: rows always aligned). The kernel under round_scale
 multiplies each code's quotient by the scale's exact reciprocal,

@@ -74,7 +74,7 @@ def test_five_digit_offsets():
 
 
 def test_barrier_budget_fails_the_check(tmp_path):
-    (tmp_path / "sm90.knobs").write_text("decode.values = 4\n")
+    (tmp_path / "sm90.knobs").write_text("decode.values = 4 : 4\n")
     (tmp_path / "sm90.budgets").write_text("decode_update_p* : elements P * decode.values : barriers <= 3 "
                                            ": loop_barriers <= 1\n")
     row = {"kernel": "kpool_sm90_decode_update_p16", "family": "sm90", "entry": "_kernel_decode",

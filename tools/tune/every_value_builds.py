@@ -179,7 +179,7 @@ def main():
         sys.exit(f"no hand variant of {a.family} in {a.build_dir} matches {' '.join(a.globs)}")
     if a.settings:
         setting = {k: int(v) for k, v in (kv.split("=") for kv in a.settings.split(","))}
-        unit_settings = [(kt.unit_of(name), setting) for name in setting][:1]
+        unit_settings = [(kt.unit_of(knobs, name), setting) for name in setting][:1]
     else:
         unit_settings = kt.every_value(knobs, kt.units(knobs))
     jobs = [(s, k) for unit, s in unit_settings for k in kernels_of(unit, kernels, a.family)]

@@ -22,11 +22,12 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import kpool_tune as kt  # noqa: E402
+import tune_run  # noqa: E402 (where run looks up open_session)
 import knobs as kf  # noqa: E402 (schedules/knobs.py, on the path kpool_tune puts it)
 
 SCHEDULES = os.path.join(kt.REPO, "schedules")
 RESULTS = os.path.join(HERE, "testdata", "sm90_results.json")
-FAMILIES = sorted(f[:-len(".knobs")] for f in os.listdir(SCHEDULES) if f.endswith(".knobs"))
+FAMILIES = sorted(f[:-len(".knobs")] for f in os.listdir(SCHEDULES) if f.endswith(".knobs"))  # (cuda.base is none)
 
 
 def read(family):
@@ -40,7 +41,7 @@ def test_committed_values_are_legal_and_satisfy_the_requires():
 
 
 def test_the_reader_rejects_what_the_configure_must(tmp_path):
-    good = open(os.path.join(SCHEDULES, "sm90.knobs")).read()
+    good = open(os.path.join(SCHEDULES, "cuda.base")).read()
 
     def with_value(text, name, value):  # whatever the file holds now
         return re.sub(rf"^{re.escape(name)} = \S+ ", f"{name} = {value} ", text, count=1, flags=re.M)
@@ -51,16 +52,43 @@ def test_the_reader_rejects_what_the_configure_must(tmp_path):
         "fwht.run = 5 is not among its legal values": with_value(good, "fwht.run", 5),
         "fwht.run given twice": good + "fwht.run = 4 : 4\n",
         "not \"name = value : legal values\"": good + "fwht.run 4\n",
+        "exact_only names no knob: fwht.exact": good + "exact_only fwht.exact\n",
     }
     for message, text in cases.items():
+        (tmp_path / "cuda.base").write_text(text)
+        with pytest.raises(kf.KnobsError, match=re.escape(message)):
+            kf.Knobs(tmp_path / "cuda.base")
+    # write_values leaves a file that breaks a rule as it was.
+    (tmp_path / "cuda.base").write_text(good)
+    with pytest.raises(kf.KnobsError):
+        kf.write_values(tmp_path / "cuda.base", {"fwht.run": 16, "fwht.values": 8})
+    assert (tmp_path / "cuda.base").read_text() == good
+    # A family's file: the base, then overrides of its knobs, each with a reason.
+    overrides = {
+        "says no reason": "base cuda.base\nfwht.values = 16\n",
+        "overrides no knob of a base": "base cuda.base\n# why\nfwht.width = 16\n",
+        "fwht.values = 4 is not among its legal values": "base cuda.base\n# why\nfwht.values = 4\n",
+        "fwht.values given twice": "base cuda.base\n# why\nfwht.values = 16\nfwht.values = 8  # why\n",
+        "`base` comes first, once": "# why\nfwht.run = 8 : 8\nbase cuda.base\n",
+        "require fwht.run <= fwht.values does not hold": "base cuda.base\nfwht.values = 8  # why\nfwht.run = 16  # why\n",
+    }
+    for message, text in overrides.items():
         (tmp_path / "sm90.knobs").write_text(text)
         with pytest.raises(kf.KnobsError, match=re.escape(message)):
             kf.Knobs(tmp_path / "sm90.knobs")
-    # write_values leaves a file that breaks a rule as it was.
-    (tmp_path / "sm90.knobs").write_text(good)
-    with pytest.raises(kf.KnobsError):
-        kf.write_values(tmp_path / "sm90.knobs", {"fwht.run": 16, "fwht.values": 8})
-    assert (tmp_path / "sm90.knobs").read_text() == good
+    (tmp_path / "sm90.knobs").write_text("base cuda.base\n# the reason\nfwht.values = 16\n")
+    knobs = kf.Knobs(tmp_path / "sm90.knobs")
+    assert knobs.values["fwht.values"] == 16 and knobs.overrides == {"fwht.values": 16}
+    assert knobs.files() == [str(tmp_path / "sm90.knobs"), str(tmp_path / "cuda.base")]
+
+
+def test_every_sm80_line_is_an_override_with_a_reason():
+    """sm80 is unmeasured: it names the base and sets only what differs, saying why
+    (the reader refuses an override without a reason)."""
+    knobs = read("sm80")
+    assert knobs.base is not None
+    lines = [l.split("#")[0].strip() for l in open(os.path.join(SCHEDULES, "sm80.knobs"))]
+    assert [l for l in lines if l] == ["base cuda.base"] + [f"{n} = {v}" for n, v in knobs.overrides.items()]
 
 
 def test_gpu_families_name_the_same_knobs():
@@ -72,11 +100,10 @@ def test_gpu_families_name_the_same_knobs():
 def test_units_split_by_op_and_arithmetic():
     u = kt.units(read("sm90"))
     knobs = read("sm90")
-    # The runtime's decode layout rule is no kernel's: no unit varies it.
-    layout_rule = {f"decode.{arith}per_token_{bound}" for arith in ("", "exact_") for bound in ("max_pool", "min_next_n")}
+    # The runtime's decode layout rule is no knob (runtime/ops/decode_layouts.h).
+    assert not [k for k in knobs.values if "per_token_" in k]
     in_units = [k for ks in u.values() for k in ks]
-    assert layout_rule <= set(knobs.values) and not layout_rule & set(in_units)
-    tunable = sorted(k for k in knobs.values if len(knobs.legal[k]) > 1 and k not in layout_rule)
+    tunable = sorted(k for k in knobs.values if len(knobs.legal[k]) > 1)
     assert sorted(in_units) == tunable  # each in one unit
     assert u["compress.exact"] == ["compress.exact_values", "compress.exact_words_values",
                                    "compress.exact_words_unrolled_slots"]
@@ -183,13 +210,15 @@ def test_winners_take_only_valid_complete_and_clearly_faster_candidates():
 
 
 def test_apply_rewrites_only_the_winning_values(tmp_path, capsys):
-    shutil.copy(os.path.join(SCHEDULES, "sm90.knobs"), tmp_path / "sm90.knobs")
+    for name in ("sm90.knobs", "cuda.base"):
+        shutil.copy(os.path.join(SCHEDULES, name), tmp_path / name)
+    base = (tmp_path / "cuda.base").read_text()
     before = (tmp_path / "sm90.knobs").read_text().splitlines()
     kt.main(["apply", RESULTS, "--knobs-dir", str(tmp_path)])
     after = (tmp_path / "sm90.knobs").read_text().splitlines()
-    changed = [(b, a) for b, a in zip(before, after) if b != a]
-    assert len(before) == len(after) and len(changed) == 1
-    assert changed[0][1].startswith("fwht.values = 16 ") and changed[0][1].index(":") == changed[0][0].index(":")
+    # The winner becomes the family's override, with its reason; the base is as it was.
+    assert after[:len(before)] == before and after[len(before):] == [f"# {kf.TUNED_REASON}", "fwht.values = 16"]
+    assert (tmp_path / "cuda.base").read_text() == base
     assert kf.Knobs(tmp_path / "sm90.knobs").values["fwht.values"] == 16
     out = capsys.readouterr().out
     assert "| fwht (triton) | rows=65536 | 11.5 | 10.0 | 9.0 | fwht.values:16 | 30.0 |" in out
@@ -247,7 +276,7 @@ def fake_bundle(tmp_path, faults):
 
 @pytest.mark.parametrize("preflight", [True, False])
 def test_run_records_a_segfault_a_hang_and_a_raise_and_goes_on(tmp_path, monkeypatch, capsys, preflight):
-    monkeypatch.setattr(kt, "open_session", FakeSession)
+    monkeypatch.setattr(tune_run, "open_session", FakeSession)
     bundle = fake_bundle(tmp_path, [None, "segfault", None, "hang", "raise", None])
     out = tmp_path / "results.json"
     kt.main(["run", bundle, "--candidate-timeout", "3", "--out", str(out)] + ([] if preflight else ["--no-preflight"]))
@@ -267,7 +296,7 @@ def test_run_records_a_segfault_a_hang_and_a_raise_and_goes_on(tmp_path, monkeyp
 
 
 def test_check_fails_on_a_faulting_candidate(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(kt, "open_session", FakeSession)
+    monkeypatch.setattr(tune_run, "open_session", FakeSession)
     assert kt.main(["check", fake_bundle(tmp_path, [None, None]), "--candidate-timeout", "3"]) == 0
     assert kt.main(["check", fake_bundle(tmp_path, [None, "segfault"]), "--candidate-timeout", "3"]) == 1
     assert "1 failed, 0 not reached" in capsys.readouterr().out
@@ -278,8 +307,8 @@ def test_sigterm_ends_the_run_and_its_workers(tmp_path):
     workers must not outlive it (a hung one would hold the GPU)."""
     bundle = fake_bundle(tmp_path, [None, "hang"])
     pids = tmp_path / "pids"
-    script = (f"import sys; sys.path[:0] = [{HERE!r}]; import kpool_tune as kt, test_kpool_tune as t; "
-              f"kt.open_session = t.FakeSession; "
+    script = (f"import sys; sys.path[:0] = [{HERE!r}]; import kpool_tune as kt, tune_run, test_kpool_tune as t; "
+              f"tune_run.open_session = t.FakeSession; "
               f"kt.main(['run', {bundle!r}, '--no-preflight', '--out', {str(tmp_path / 'r.json')!r}])")
     p = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "KPOOL_TUNE_TEST_PIDS": str(pids)})
     deadline = time.time() + 30
@@ -301,7 +330,7 @@ def test_sigterm_ends_the_run_and_its_workers(tmp_path):
 
 
 def test_a_spent_budget_leaves_candidates_not_reached(tmp_path, monkeypatch):
-    monkeypatch.setattr(kt, "open_session", FakeSession)
+    monkeypatch.setattr(tune_run, "open_session", FakeSession)
     out = tmp_path / "results.json"
     kt.main(["run", fake_bundle(tmp_path, [None, None, None]), "--budget", "0", "--out", str(out)])
     results = json.loads(out.read_text())

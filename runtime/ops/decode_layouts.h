@@ -1,0 +1,33 @@
+// The runtime's policy for the one-kernel decode's two layouts
+// (DecodeLayout, schedules/cuda/decode.cpp): per call, a warp per token (a
+// block per request) for pools up to max_pool and at least min_next_n
+// tokens per request, otherwise a warp per request; the exact_ pair the same
+// in the exact arithmetic. A policy of the runtime, not a schedule knob: no
+// kernel is built from it, so the tuner cannot measure it; a build with
+// KPOOL_MEASUREMENT_HOOKS runs every call in one layout
+// ($KPOOL_DECODE_LAYOUT), which is how both are timed (docs/benchmarks.md).
+#pragma once
+
+namespace kpool::rt {
+
+struct DecodeLayoutRule {
+    const char *family;  // a GPU family's name; "" for every family without a row
+    int max_pool, min_next_n;
+    int exact_max_pool, exact_min_next_n;
+};
+
+// The first row naming the device's family, else the last ("").
+// sm90, measured on an H100 (graph replay, both layouts in one run;
+// docs/benchmarks.md): in the reference arithmetic a warp per token wins at
+// P = 4 with next_n >= 4 (3.29-3.46 us against 3.92-4.08 at 1-64 requests),
+// a warp per request elsewhere; in the exact arithmetic a warp per token
+// (its pool an element per thread) nearly everywhere (P=16 64 x 1 5.68
+// against 11.98 us, 512 x 4 9.98 against 14.04), a warp per request only
+// where a lone request completes nothing (1 x 1: 1.87 against 2.34).
+// Other families are unmeasured and take sm90's rule.
+inline constexpr DecodeLayoutRule kDecodeLayoutRules[] = {
+    {"sm90", 4, 4, 16, 1},
+    {"", 4, 4, 16, 1},
+};
+
+}  // namespace kpool::rt
