@@ -275,16 +275,22 @@ inline Halide::Region decode_tokens() { return {{0, kNextN}, {0, kRequests}}; } 
 inline Halide::Region decode_rows() { return {{0, kHeadDim}, {0, kNextN}, {0, kRequests}}; }  // (d, token, request)
 }  // namespace estimate
 
-// Each picks the family (cpu.h, cuda.h) from the plan's target.
-void schedule_fwht(FwhtStages &s, const BuildPlan &plan);
-void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan);
-void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan);
-void schedule_seed_tail(SeedTailStages &s, const BuildPlan &plan);
-void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &plan);
-void schedule_decode_stash(DecodeStashStages &s, const BuildPlan &plan);
-void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &plan);
-void schedule_expand(ExpandStages &s, const BuildPlan &plan);
-void schedule_index_check(IndexCheckStages &s, const BuildPlan &plan);
+// The schedule hooks, X(hook, its Stages), the one list of them: declared
+// here for the generators (each picks the family from the plan's target,
+// schedules/kpool_schedules.cpp) and in each family's namespace
+// (schedules/family.inc), which every family defines.
+#define KPOOL_FOR_EACH_SCHEDULE_HOOK(X)                    \
+    X(schedule_fwht, FwhtStages)                           \
+    X(schedule_compress_to_cache, CompressToCacheStages)   \
+    X(schedule_compress_to_rows, CompressToRowsStages)     \
+    X(schedule_seed_tail, SeedTailStages)                  \
+    X(schedule_decode_write, DecodeWriteStages)            \
+    X(schedule_decode_stash, DecodeStashStages)            \
+    X(schedule_decode_update, DecodeUpdateStages)          \
+    X(schedule_expand, ExpandStages)                       \
+    X(schedule_index_check, IndexCheckStages)
+#define KPOOL_DECLARE_SCHEDULE_HOOK(hook, Stages) void hook(Stages &s, const BuildPlan &plan);
+KPOOL_FOR_EACH_SCHEDULE_HOOK(KPOOL_DECLARE_SCHEDULE_HOOK)
 void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan);
 
 }  // namespace kpool

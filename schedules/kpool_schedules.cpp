@@ -35,22 +35,12 @@ ScheduleDecisions schedule_decisions(const BuildPlan &plan, const KernelAsked &k
             cpu::name(s, plan);                                         \
         }                                                               \
     }
-
-KPOOL_DISPATCH(schedule_fwht, FwhtStages)
-KPOOL_DISPATCH(schedule_compress_to_cache, CompressToCacheStages)
-KPOOL_DISPATCH(schedule_compress_to_rows, CompressToRowsStages)
-KPOOL_DISPATCH(schedule_seed_tail, SeedTailStages)
-KPOOL_DISPATCH(schedule_decode_write, DecodeWriteStages)
-KPOOL_DISPATCH(schedule_decode_stash, DecodeStashStages)
-KPOOL_DISPATCH(schedule_decode_update, DecodeUpdateStages)
-KPOOL_DISPATCH(schedule_expand, ExpandStages)
-KPOOL_DISPATCH(schedule_index_check, IndexCheckStages)
+KPOOL_FOR_EACH_SCHEDULE_HOOK(KPOOL_DISPATCH)
+#undef KPOOL_DISPATCH
 
 // The probe is a test of the shared numerics on the host only.
 void schedule_numerics_probe(NumericsProbeStages &s, const BuildPlan &plan) {
     cpu::schedule_numerics_probe(s, plan);
 }
-
-#undef KPOOL_DISPATCH
 
 }  // namespace kpool
