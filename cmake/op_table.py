@@ -1,7 +1,7 @@
 """The op table (ops/*.toml) read once, and what the build makes of it.
 
 Each table file holds an op's C entry points ([[entry]]: the arguments and
-their rules, what it returns) and its kernels ([[kernel]]: the generator,
+their rules, what it returns), its torch operators' schemas ([torch]) and its kernels ([[kernel]]: the generator,
 the variant axes it ranges over, its function name and generator parameters
 as templates over those axes, its dispatch kind and the kind's Halide
 signature). ops/axes.toml names each axis's values and their attributes.
@@ -30,7 +30,7 @@ import types
 ENTRY_KEYS = {"name", "arguments", "returns", "exec", "written", "torch_extension"}
 KERNEL_KEYS = {"kind", "generator", "devices", "axes", "values", "function", "params", "key", "signature", "flags",
                "tune", "tune_devices", "warm_up"}
-FILE_KEYS = {"entry", "kernel", "runtime_sources", "generator_sources"}
+FILE_KEYS = {"entry", "kernel", "torch", "runtime_sources", "generator_sources"}
 FLAGS = {"coherent_loads", "decode_ptx"}
 # An argument's type: its C type (and that of the op function the entry point
 # wraps), and its ctypes spelling in python/kpool/_lib.py.
@@ -45,6 +45,9 @@ ARGUMENT_TYPES = {
     "shape": ("const int64_t *", "int64_out"),
     "images": ("kpool_cuda_images *", "pointer"),
 }
+# inner: its innermost dim is read contiguously; output: the call writes it;
+# python_name=NAME: the drop-in Python API's name of it, which the torch
+# extension's messages use (seed's pool_size is the reference's `kpool`).
 RULES = {"inner", "output"}
 RETURNS = {"status": "kpool_status_code", "skipped_completions": "kpool_status_code", "string": "const char *",
            "int32": "int32_t", "tensor_value": "kpool_tensor"}
@@ -64,9 +67,12 @@ def _argument(path, text):
     words = rest.split()
     if not name.strip().isidentifier() or not words or words[0] not in ARGUMENT_TYPES:
         _fail(path, f"argument {text!r} is not \"name: type [rules]\" (types: {', '.join(ARGUMENT_TYPES)})")
-    if set(words[1:]) - RULES:
-        _fail(path, f"argument {text!r}: unknown rule {sorted(set(words[1:]) - RULES)} (rules: {sorted(RULES)})")
-    return {"name": name.strip(), "type": words[0], "inner": "inner" in words, "output": "output" in words}
+    python_name = [w.partition("=")[2] for w in words[1:] if w.startswith("python_name=")]
+    unknown = [w for w in words[1:] if w not in RULES and not w.startswith("python_name=")]
+    if unknown:
+        _fail(path, f"argument {text!r}: unknown rule {unknown} (rules: {sorted(RULES)}, python_name=NAME)")
+    return {"name": name.strip(), "type": words[0], "inner": "inner" in words, "output": "output" in words,
+            "python_name": python_name[0] if python_name else name.strip()}
 
 
 def _signature(path, kind, text):
@@ -102,7 +108,7 @@ def load(dirs):
                 files.append((path, data))
     if axes is None:
         raise TableError(f"no axes.toml in {', '.join(dirs)}")
-    table = {"axes": axes, "files": [], "entries": [], "kernels": []}
+    table = {"axes": axes, "files": [], "entries": [], "kernels": [], "torch": {}}
     kinds, names, slots = set(), set(), set()
     for path, data in files:
         if set(data) - FILE_KEYS:
@@ -134,6 +140,10 @@ def load(dirs):
                 # The op entry points end with the call's exec and status.
                 "exec": entry.get("exec", not written), "status": not written,
                 "torch_extension": slot, "op": op["name"]})
+        for name, schema in data.get("torch", {}).items():
+            if name in table["torch"]:
+                _fail(path, f"torch op {name} is declared twice")
+            table["torch"][name] = schema
         for kernel in data.get("kernel", []):
             kind = kernel.get("kind")
             if set(kernel) - KERNEL_KEYS:
@@ -284,6 +294,8 @@ def write_tables(table, args):
     _write(os.path.join(out, "kpool_entry_points.inc"), "".join(entries))
     _write(os.path.join(out, "kpool_entry_points.h"), "".join(declarations))
 
+    _write_torch_calls(table, out)
+
     # The version script: the C API alone (and the tuner's selector in a
     # tuning build, tools/tune).
     symbols = [e["symbol"] for e in table["entries"]] + (["kpool_tune_select"] if args.tuning else [])
@@ -294,8 +306,59 @@ def write_tables(table, args):
 
     # For the Python package, next to the library it loads.
     python = {"entries": [{k: e[k] for k in ("name", "symbol", "arguments", "returns", "exec", "status",
-                                             "torch_extension")} for e in table["entries"]]}
+                                             "torch_extension")} for e in table["entries"]],
+              "torch": table["torch"]}
     _write(os.path.join(out, "kpool_ops.json"), json.dumps(python, indent=1) + "\n")
+
+
+def _write_torch_calls(table, out):
+    """python/src/torch_calls.c's entry points: the table's entries with a
+    torch_extension slot, tensors then int32 parameters each."""
+    carried = sorted((e for e in table["entries"] if e["torch_extension"] is not None),
+                     key=lambda e: e["torch_extension"])
+    if [e["torch_extension"] for e in carried] != list(range(len(carried))):
+        raise TableError(f"torch_extension slots are not 0..{len(carried) - 1}: "
+                         f"{[(e['name'], e['torch_extension']) for e in carried]}")
+    enum = ["/* Generated by cmake/op_table.py from the op table: the entry points of python/src/torch_calls.c,\n"
+            " * in the order bind() takes their addresses (the table's torch_extension). */\n",
+            "enum entry {\n"] + [f"    CALL_{e['name']},\n" for e in carried] + ["    ENTRIES\n};\n"]
+    _write(os.path.join(out, "kpool_torch_call_entries.h"), "".join(enum))
+    specs = ["/* Generated by cmake/op_table.py from the op table: each entry point's spec, its call and its\n"
+             " * function (python/src/torch_calls.c). */\n"]
+    cases, methods = [], []
+    for e in carried:
+        tensors = [a for a in e["arguments"] if a["type"] == "tensor"]
+        ints = [a for a in e["arguments"] if a["type"] != "tensor"]
+        if e["arguments"] != tensors + ints or any(a["type"] != "int32" for a in ints) or len(tensors) > 8 \
+                or len(ints) > 4 or not e["exec"]:
+            raise TableError(f"entry {e['name']}: the torch extension takes up to 8 tensors, then up to 4 int32 "
+                             f"parameters, then the exec")
+        flags = [" | ".join([f for f, on in (("INNER", a["inner"]), ("OUTPUT", a["output"])) if on]) or "0"
+                 for a in tensors]
+        names = ", ".join(f'"{a["python_name"]}"' for a in tensors)
+        int_names = ", ".join(f'"{a["python_name"]}"' for a in ints) or "0"
+        specs.append(f"static const op_spec spec_{e['name']} = {{\"{e['name']}\", CALL_{e['name']}, {len(tensors)}, "
+                     f"{{{names}}}, {{{', '.join(flags)}}}, {len(ints)}, {{{int_names}}}}};\n")
+        c_types = ", ".join([ARGUMENT_TYPES[a["type"]][0] for a in e["arguments"]] +
+                            ["const kpool_exec *", "kpool_status *"])
+        values = ", ".join([f"a[{i}]" for i in range(len(tensors))] + [f"v[{i}]" for i in range(len(ints))] +
+                           ["e", "st"])
+        cases.append(f"    case CALL_{e['name']}:\n        return ((kpool_status_code(*)({c_types}))fn)({values});\n")
+        doc = f"kpool_{e['name']}({', '.join(a['name'] for a in e['arguments'])})"
+        if e["returns"] == "skipped_completions":
+            doc += " -> skipped completions"
+        methods.append(f"    FASTCALL({e['name']}, \"{doc}\"), \\\n")
+    specs.append("static const op_spec *const specs[ENTRIES] = {" +
+                 ", ".join(f"&spec_{e['name']}" for e in carried) + "};\n\n")
+    specs.append("static kpool_status_code invoke_entry(enum entry entry, void *fn, const kpool_tensor *const *a,\n"
+                 "                                      const int32_t *v, const kpool_exec *e, kpool_status *st) {\n"
+                 "    switch (entry) {\n" + "".join(cases) + "    case ENTRIES: break;\n    }\n"
+                 "    return KPOOL_ERROR_INTERNAL;\n}\n\n")
+    for e in carried:
+        specs.append(f"static PyObject *{e['name']}(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {{\n"
+                     f"    (void)self;\n    return run(&spec_{e['name']}, args, nargs);\n}}\n")
+    specs.append("\n#define KPOOL_TORCH_CALL_METHODS \\\n" + "".join(methods) + "\n")
+    _write(os.path.join(out, "kpool_torch_call_specs.inc"), "".join(specs))
 
 
 def write_sources(table, args):

@@ -154,30 +154,43 @@ def load() -> ctypes.CDLL:
                 f"kpool: {_LIBRARY_NAME} not found (looked at: {', '.join(paths)}). Build it with "
                 f"`cmake --build build` and set {LIBRARY_ENV}=/path/to/{_LIBRARY_NAME}, or reinstall the "
                 f"package after building so that it is copied into kpool/lib/")
-        # The op table the library was built from, beside it (the build's
-        # cmake/op_table.py writes it there, the wheel packs it there).
-        table_path = os.path.join(os.path.dirname(path), OP_TABLE_NAME)
-        try:
-            with open(table_path) as f:
-                table = json.load(f)
-        except OSError as e:
-            raise OSError(f"kpool: {path} has no op table beside it ({table_path}: {e.strerror}); "
-                          f"rebuild the library, or reinstall the package") from None
+        table = _read_op_table(path)
         lib = ctypes.CDLL(path)
         for entry in table["entries"]:
             fn = getattr(lib, entry["symbol"])  # AttributeError names a missing symbol: wrong library
             fn.restype, fn.argtypes = prototype(entry)
         global _table
-        _table = table
+        _table = table  # (the library's own, whatever op_table() read before)
         _lib_path = path
         _lib = lib
         return lib
 
 
+def _read_op_table(path):
+    """The op table the library at ``path`` was built from, beside it (the
+    build's cmake/op_table.py writes it there, the wheel packs it there)."""
+    table_path = os.path.join(os.path.dirname(path), OP_TABLE_NAME)
+    try:
+        with open(table_path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise OSError(f"kpool: {path} has no op table beside it ({table_path}: {e.strerror}); "
+                      f"rebuild the library, or reinstall the package") from None
+
+
 def op_table() -> dict:
-    """The op table of the loaded library (loads it if needed): its C entry
-    points, each with its arguments and their rules (cmake/op_table.py)."""
-    load()
+    """The op table of the library the package loads (read, the library not
+    loaded, on first use): its C entry points, each with its arguments and
+    their rules, and its torch operators' schemas (cmake/op_table.py)."""
+    global _table
+    if _table is None:
+        path = _lib_path or next((p for p in candidate_paths() if os.path.isfile(p)), None)
+        if path is None:
+            load()  # (raises, naming where it looked)
+        table = _read_op_table(path)
+        with _lock:
+            if _table is None:
+                _table = table
     return _table
 
 

@@ -29,7 +29,7 @@ import torch
 if not hasattr(torch.library, "register_fake"):  # ops.py then takes torch tensors through ctypes only
     raise ImportError(f"kpool's torch operators need torch >= 2.4 (this is {torch.__version__})")
 
-from . import _calls, _tensors
+from . import _calls, _lib, _tensors
 from ._lib import KPOOL_HEAD_DIM, KpoolTypeError, KpoolValueError
 
 D = KPOOL_HEAD_DIM
@@ -51,50 +51,10 @@ def _define_library():
 
 NAMESPACE, _library = _define_library()
 
-SCHEMAS = {
-    "fwht128_quant_fp8": "(Tensor q) -> (Tensor q_fp8, Tensor q_scale)",
-    "compress_and_write_cache":
-        "(Tensor(a!)? kv_cache, Tensor slot_k, Tensor slot_score, Tensor ape, Tensor loc, Tensor? write_mask, "
-        "int pool_size, int head_dim, bool round_scale, bool write_cache) -> ()",
-    # The same call with return_compressed: the rows as well (and the cache
-    # written when write_cache).
-    "compress_to_rows":
-        "(Tensor(a!)? kv_cache, Tensor slot_k, Tensor slot_score, Tensor ape, Tensor loc, Tensor? write_mask, "
-        "int pool_size, int head_dim, bool round_scale, bool write_cache) "
-        "-> (Tensor compressed_k, Tensor compressed_scale)",
-    "compress_tokens_and_write_cache":
-        "(Tensor(a!) kv_cache, Tensor key, Tensor gate_score, Tensor ape, Tensor slot_mapping, "
-        "Tensor(b!)? tail_kv_cache, Tensor? tail_slot_mapping, Tensor? positions, int pool_size, int head_dim, "
-        "bool round_scale) -> ()",
-    "seed_tail_cache":
-        "(Tensor(a!) tail_kv_cache, Tensor key, Tensor gate_score, Tensor tslot, int pool_size, int head_dim) -> ()",
-    "decode_update_and_maybe_write_cache_batched":
-        "(Tensor(a!) kv_cache, Tensor(b!) tail_kv_cache, Tensor tail_slot_mapping, Tensor key, Tensor slot_score, "
-        "Tensor ape, Tensor slot_mapping, Tensor positions, int pool_size, int head_dim, bool round_scale) -> ()",
-    "decode_update_and_maybe_write_cache_ragged":
-        "(Tensor(a!) kv_cache, Tensor(b!) tail_kv_cache, Tensor tail_slot_mapping, Tensor key, Tensor slot_score, "
-        "Tensor ape, Tensor slot_mapping, Tensor positions, Tensor query_start_loc, int max_query_len, int pool_size, "
-        "int head_dim, bool round_scale) -> ()",
-    "expand_pools_and_append_tail": "(Tensor pool_ids, Tensor seq_lens, int pool_size, bool bound_pool_ids) -> Tensor",
-    "expand_pools_to_tokens":
-        "(Tensor group_ids, Tensor group_valid, Tensor? page_table, Tensor? topk_offsets, int topk, int pool_size) "
-        "-> Tensor",
-    "append_tail_to_topk":
-        "(Tensor topk_result, Tensor seq_lens, Tensor pool_lens, Tensor? page_table, Tensor? topk_offsets, "
-        "int pool_size) -> Tensor",
-    # The out= forms: the caller's int32 buffer written in place (any
-    # strides), nothing allocated. They return nothing (a custom op that
-    # returned its mutated argument could not be functionalized); the
-    # Python functions return `out`.
-    "expand_pools_and_append_tail.out":
-        "(Tensor pool_ids, Tensor seq_lens, int pool_size, bool bound_pool_ids, Tensor(a!) out) -> ()",
-    "expand_pools_to_tokens.out":
-        "(Tensor group_ids, Tensor group_valid, Tensor? page_table, Tensor? topk_offsets, int topk, int pool_size, "
-        "Tensor(a!) out) -> ()",
-    "append_tail_to_topk.out":
-        "(Tensor topk_result, Tensor seq_lens, Tensor pool_lens, Tensor? page_table, Tensor? topk_offsets, "
-        "int pool_size, Tensor(a!) out) -> ()",
-}
+# Each op's schema, from the op table (ops/*.toml's [torch]): one that marks
+# the caches and tail rings it writes (Tensor(a!)); the arithmetic is added
+# as its last argument (with_arithmetic).
+SCHEMAS = _lib.op_table()["torch"]
 
 
 def _not_a_tensor(x, name):
@@ -299,6 +259,22 @@ def _without_arithmetic(fake, schema):
 
     return fake_of_call
 
+
+
+
+def _entry_point_kernel(name):
+    """The kernel of a table op written here by nothing else: its entry
+    point on the op's arguments as they are (its schema is the C call's:
+    outputs passed in, nothing returned)."""
+
+    def kernel(*args):
+        getattr(_calls.torch_calls() if name in dict(_calls.entry_points()) else _calls.ctypes_calls, name)(*args)
+
+    return kernel
+
+
+for _name in SCHEMAS.keys() - _OPS.keys():
+    _OPS[_name] = (_entry_point_kernel(_name), _nothing)
 
 for _name, (_kernel, _fake) in _OPS.items():
     _library.define(_name + with_arithmetic(SCHEMAS[_name]))

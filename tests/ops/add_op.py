@@ -4,7 +4,8 @@ source tree that adds tests/ops/toy (out = x * factor, CPU) by those three
 files alone, reusing this build's generator for the library's own kernels
 and compiling the toy's kernel only, then calls it through the C API (a C
 program against the generated declarations and libkpool.so, which exports
-it) and through the Python package (its ctypes function from the table).
+it) and through the Python package (its ctypes function from the table,
+and with torch its torch.ops.kpool operator).
 
     add_op.py SOURCE_DIR KPOOL_BUILD_DIR WORK_DIR CMAKE GENERATOR MAKE_PROGRAM C_COMPILER PYTHON
 """
@@ -92,6 +93,17 @@ code = textwrap.dedent("""\
         print("Python:", e)
     else:
         raise AssertionError("an int64 x was not refused")
+    try:
+        import torch
+    except ImportError:
+        print("torch: not installed here, torch.ops.kpool.toy_scale not called")
+    else:
+        import kpool
+        t = torch.arange(-6, 6, dtype=torch.int32).reshape(3, 4)
+        result = torch.zeros_like(t)
+        torch.ops.kpool.toy_scale(t, result, 7)
+        assert torch.equal(result, 7 * t), result
+        print("torch: torch.ops.kpool.toy_scale ran")
     """)
 env = dict(os.environ, KPOOL_LIBRARY=library, PYTHONPATH=os.path.join(source, "python"))
 print(run("call toy_scale from Python", python, "-c", code, env=env).strip())
