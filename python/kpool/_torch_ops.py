@@ -473,7 +473,22 @@ def decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slo
     return _decode_step(_ragged_decode_kernel, ops.decode_update_and_maybe_write_cache_ragged, args, return_skipped)
 
 
+# The three expand helpers from their drop-in function (ops.py), each in one
+# step: the arithmetic's name resolved, then on eager plain tensors in the
+# dtypes the kernel takes the extension's one call, which allocates the
+# output; anything else (conversions, out=, tracing, the ctypes fallback)
+# the general path below it.
+_IDS = (I32, I64)
+
+
 def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets, arithmetic, out=None):
+    arithmetic = arithmetic_code(arithmetic)
+    if (out is None and group_ids.dtype in _IDS and page_table is None and topk_offsets is None
+            and _eager(group_ids)):
+        result = _calls.torch_calls().expand_pools_to_tokens_new(group_ids, group_valid, None, None, topk, pool_size,
+                                                                 arithmetic)
+        if result is not NotImplemented:
+            return result
     args = (_index_ids(group_ids, "group_ids"), group_valid, _integer(page_table, "page_table", I32),
             _integer(topk_offsets, "topk_offsets", I64), topk, pool_size)
     if out is not None:
@@ -487,12 +502,19 @@ def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, 
 
 
 def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets, arithmetic, out=None):
+    arithmetic = arithmetic_code(arithmetic)
     if topk_result.dtype != I32:
         raise KpoolTypeError(f"topk_result has dtype {str(topk_result.dtype).replace('torch.', '')}, expected int32")
     _require_dims(seq_lens, "seq_lens", 1, "[rows]")
     _require_dims(pool_lens, "pool_lens", 1, "[rows]")
     if pool_size == 1 and out is None:
         return topk_result  # no tail; the reference returns its input too
+    if (out is None and seq_lens.dtype == I32 and pool_lens.dtype == I32 and page_table is None
+            and topk_offsets is None and _eager(topk_result)):
+        result = _calls.torch_calls().append_tail_to_topk_new(topk_result, seq_lens, pool_lens, None, None, pool_size,
+                                                              arithmetic)
+        if result is not NotImplemented:
+            return result
     args = (topk_result, _integer(seq_lens, "seq_lens", I32), _integer(pool_lens, "pool_lens", I32),
             _integer(page_table, "page_table", I32), _integer(topk_offsets, "topk_offsets", I64), pool_size)
     if out is not None:
@@ -504,7 +526,17 @@ def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table,
 
 
 def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids, arithmetic, out=None):
-    args = (_index_ids(pool_ids, "pool_ids"), _integer(seq_lens, "seq_lens", I32), pool_size, bool(bound_pool_ids))
+    if type(bound_pool_ids) is not bool:
+        _tensors.require_flag(bound_pool_ids, "bound_pool_ids")
+        bound_pool_ids = bool(bound_pool_ids)
+    arithmetic = arithmetic_code(arithmetic)
+    if (out is None and pool_ids.dtype in _IDS and type(seq_lens) is Tensor and seq_lens.dtype == I32
+            and _eager(pool_ids)):
+        result = _calls.torch_calls().expand_pools_and_append_tail_new(pool_ids, seq_lens, pool_size, bound_pool_ids,
+                                                                       arithmetic)
+        if result is not NotImplemented:
+            return result
+    args = (_index_ids(pool_ids, "pool_ids"), _integer(seq_lens, "seq_lens", I32), pool_size, bound_pool_ids)
     if out is not None:
         return _into_out(pool_ids, _expand_and_append_out_kernel, ops.expand_pools_and_append_tail.out, args, out,
                          arithmetic)
