@@ -98,6 +98,11 @@ function(kpool_add_kernel function)
         endif ()
     endif ()
     list(APPEND params knobs=${knobs})
+    # An op's own generator (ops/*.toml's generator_sources) takes the
+    # table's parameters alone: kpool's knobs and families are kpool_generators'.
+    if (NOT ARG_GENERATOR_TARGET STREQUAL "kpool_generators")
+        set(params ${ARG_PARAMS})
+    endif ()
     # The generator's command line for this variant, for tests that emit
     # its lowered Stmt (-e conceptual_stmt).
     list(JOIN features "-" feature_list)
