@@ -6,9 +6,9 @@
 #   include/kpool/torch.hpp            header-only ops for engines built with torch's C++ API
 #   lib/libkpool.a                     the runtime, every kernel variant and the Halide runtime, as
 #                                      one object whose only global kpool and Halide symbols are
-#                                      the C API (cmake/kpool.map)
+#                                      the C API (the op table's version script, build/kpool.map)
 #   lib/libkpool.so[.0.1[.0]]          the same as one shared object, exporting the C API only
-#                                      (version script cmake/kpool.map; SONAME libkpool.so.0.1.<build>)
+#                                      (version script build/kpool.map; SONAME libkpool.so.0.1.<build>)
 #   lib/cmake/kpool/                   find_package(kpool CONFIG): kpool::kpool (the archive)
 #                                      and kpool::kpool_shared
 #   lib/pkgconfig/kpool.pc             pkg-config --cflags --libs kpool (--static: the archive)
@@ -51,12 +51,12 @@ function(kpool_install_sdk)
     set(sdk_object "${PROJECT_BINARY_DIR}/sdk/kpool_sdk${CMAKE_CXX_OUTPUT_EXTENSION}")
     add_custom_command(OUTPUT "${sdk_object}"
                        COMMAND "${CMAKE_COMMAND}" "-DLINKER=${CMAKE_LINKER}" "-DNM=${CMAKE_NM}"
-                               "-DOBJCOPY=${CMAKE_OBJCOPY}" "-DREADELF=${CMAKE_READELF}" "-DEXPORTS=${PROJECT_SOURCE_DIR}/cmake/kpool.map"
+                               "-DOBJCOPY=${CMAKE_OBJCOPY}" "-DREADELF=${CMAKE_READELF}" "-DEXPORTS=${KPOOL_VERSION_SCRIPT}"
                                "-DOBJECTS=$<TARGET_OBJECTS:kpool>;${kernel_objects}" "-DHALIDE_RUNTIME=${runtime_object}"
                                "-DOUTPUT=${sdk_object}"
                                -P "${PROJECT_SOURCE_DIR}/cmake/KpoolLocalize.cmake"
                        DEPENDS kpool $<TARGET_OBJECTS:kpool> ${kernel_objects} ${ARG_KERNELS} ${ARG_HALIDE_RUNTIME}
-                               "${PROJECT_SOURCE_DIR}/cmake/kpool.map" "${PROJECT_SOURCE_DIR}/cmake/KpoolLocalize.cmake"
+                               "${KPOOL_VERSION_SCRIPT}" "${PROJECT_SOURCE_DIR}/cmake/KpoolLocalize.cmake"
                        COMMENT "libkpool.a: one object, kpool's and Halide's internal symbols local"
                        VERBATIM)
     add_library(kpool_static STATIC "${sdk_object}")

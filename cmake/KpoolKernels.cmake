@@ -56,11 +56,12 @@ function(kpool_cuda_family family prefix)
     set(${prefix}_FEATURES "${features}" PARENT_SCOPE)
 endfunction()
 
-# kpool_add_kernel(<function> GENERATOR <gen> DEVICE <cpu|family> [PARAMS k=v ...]
+# kpool_add_kernel(<function> GENERATOR <gen> DEVICE <cpu|family> [PARAMS k=v ...] [GENERATOR_TARGET <target>]
 #                  [KNOBS name:value,...] [CANDIDATE <id>] [AUTOSCHEDULER Halide::<name>])
 #
 # One ahead-of-time kernel variant: a static library whose function is
-# <function>, built from generator <gen> of kpool_generators for the host CPU
+# <function>, built from generator <gen> of kpool_generators (or of an op's
+# own GENERATOR_TARGET, ops/*.toml's generator_sources) for the host CPU
 # or for a CUDA GPU family (the schedule in schedules/ tuned for it, with the
 # family's knobs, or KNOBS when given: a tuning candidate's), sharing the one
 # Halide runtime (kpool_halide_runtime). Every variant is recorded in
@@ -72,8 +73,14 @@ endfunction()
 # a kernel that writes memory it also reads through an input. TEST: built
 # by kpool_test_generators (the tests' generators and schedules).
 function(kpool_add_kernel function)
-    cmake_parse_arguments(ARG "COHERENT_LOADS;TEST" "GENERATOR;VARIANT;DEVICE;AUTOSCHEDULER;KNOBS;CANDIDATE" "PARAMS"
-                          ${ARGN})
+    cmake_parse_arguments(ARG "COHERENT_LOADS;TEST" "GENERATOR;GENERATOR_TARGET;VARIANT;DEVICE;AUTOSCHEDULER;KNOBS;CANDIDATE"
+                          "PARAMS" ${ARGN})
+    if (NOT ARG_GENERATOR_TARGET)
+        set(ARG_GENERATOR_TARGET kpool_generators)
+        if (ARG_TEST)
+            set(ARG_GENERATOR_TARGET kpool_test_generators)
+        endif ()
+    endif ()
     if (DEFINED ARG_KNOBS)
         set(knobs "${ARG_KNOBS}")
     else ()
@@ -98,6 +105,11 @@ function(kpool_add_kernel function)
         endif ()
     endif ()
     list(APPEND params knobs=${knobs})
+    # An op's own generator (ops/*.toml's generator_sources) takes the
+    # table's parameters alone: kpool's knobs and families are kpool_generators'.
+    if (NOT ARG_GENERATOR_TARGET STREQUAL "kpool_generators")
+        set(params ${ARG_PARAMS})
+    endif ()
     # The generator's command line for this variant, for tests that emit
     # its lowered Stmt (-e conceptual_stmt).
     list(JOIN features "-" feature_list)
@@ -111,11 +123,7 @@ function(kpool_add_kernel function)
         # The generator's schedule() steps aside; the plugin schedules it.
         list(APPEND extra_outputs AUTOSCHEDULER ${ARG_AUTOSCHEDULER})
     endif ()
-    set(generator kpool_generators)
-    if (ARG_TEST)
-        set(generator kpool_test_generators)
-    endif ()
-    add_halide_library(${function} FROM ${generator}
+    add_halide_library(${function} FROM ${ARG_GENERATOR_TARGET}
                        GENERATOR ${ARG_GENERATOR}
                        FUNCTION_NAME ${function}
                        TARGETS ${KPOOL_CPU_TARGET}
@@ -190,4 +198,67 @@ function(kpool_embed_sass out)
                        COMMENT "Embedding the SASS of the CUDA kernels"
                        VERBATIM)
     set(${out} "${source}" PARENT_SCOPE)
+endfunction()
+
+# kpool_op_table(<command> ARGS...)
+#
+# Runs cmake/op_table.py <command> on the op table (KPOOL_OP_TABLE_DIRS):
+# a malformed table fails the configure, naming the file; editing a table
+# file re-runs the configure.
+function(kpool_op_table command)
+    if (NOT Python3_EXECUTABLE)
+        find_package(Python3 REQUIRED COMPONENTS Interpreter)
+    endif ()
+    set(tables)
+    foreach (dir IN LISTS KPOOL_OP_TABLE_DIRS)
+        list(APPEND tables --table "${dir}")
+        file(GLOB files CONFIGURE_DEPENDS "${dir}/*.toml")
+        set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${files})
+    endforeach ()
+    set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+                 "${PROJECT_SOURCE_DIR}/cmake/op_table.py")
+    execute_process(COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/cmake/op_table.py" ${command} ${tables}
+                            ${ARGN}
+                    ERROR_VARIABLE error RESULT_VARIABLE failed ERROR_STRIP_TRAILING_WHITESPACE)
+    if (failed)
+        message(FATAL_ERROR "${error}")
+    endif ()
+endfunction()
+
+# kpool_add_op_kernels(<cpu|family> AXES <axis>=<v1>,<v2>... [CANDIDATE <id> KNOBS <knobs> OPS <tune ops>
+#                      [AUTOSCHEDULER Halide::<name>]])
+#
+# The device's kernel variants of the op table: every [[kernel]] the device
+# runs, over the values AXES gives its axes (those AXES leaves out: the
+# table's own, ops/axes.toml), each a kpool_add_kernel() with its dispatch
+# table line. With CANDIDATE, the kernels the table marks `tune` with one of
+# OPS, each function named with _c<id>. Only the ops KPOOL_KERNEL_OPS names
+# (all when empty).
+function(kpool_add_op_kernels device)
+    cmake_parse_arguments(ARG "" "CANDIDATE;KNOBS;AUTOSCHEDULER" "OPS;AXES" ${ARGN})
+    set(args --device ${device})
+    if (NOT device STREQUAL "cpu")
+        list(APPEND args --cuda)
+    endif ()
+    foreach (axis IN LISTS ARG_AXES)
+        list(APPEND args --axis ${axis})
+    endforeach ()
+    set(candidate)
+    set(c "")
+    if (DEFINED ARG_CANDIDATE)
+        set(c "_c${ARG_CANDIDATE}")
+        set(candidate CANDIDATE ${ARG_CANDIDATE} KNOBS ${ARG_KNOBS})
+        if (DEFINED ARG_AUTOSCHEDULER)
+            list(APPEND candidate AUTOSCHEDULER ${ARG_AUTOSCHEDULER})
+        endif ()
+        list(JOIN ARG_OPS "," tune_ops)
+        list(APPEND args --candidate ${ARG_CANDIDATE} --tune ${tune_ops})
+    endif ()
+    if (KPOOL_KERNEL_OPS)
+        list(JOIN KPOOL_KERNEL_OPS "," kernel_ops)
+        list(APPEND args --kernel-ops ${kernel_ops})
+    endif ()
+    set(file "${CMAKE_CURRENT_BINARY_DIR}/op_kernels/${device}${c}.cmake")
+    kpool_op_table(kernels ${args} --out "${file}")
+    include("${file}")  # (uses device and candidate)
 endfunction()

@@ -1,6 +1,6 @@
 # cmake -P: the SDK archive's one object, with kpool's internals local.
 #
-#   -DLINKER=ld -DNM=nm -DOBJCOPY=objcopy -DREADELF=readelf -DEXPORTS=cmake/kpool.map
+#   -DLINKER=ld -DNM=nm -DOBJCOPY=objcopy -DREADELF=readelf -DEXPORTS=build/kpool.map
 #   -DOBJECTS="a.o;b.o;..." -DHALIDE_RUNTIME=runtime.o -DOUTPUT=kpool_sdk.o
 #
 # The runtime's objects, every kernel's and the Halide runtime's are linked

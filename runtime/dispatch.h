@@ -1,6 +1,6 @@
 // The kernel variants this build holds, looked up by kind, device family,
 // pool size, element type and arithmetic (cmake/KpoolKernels.cmake writes
-// the table), and each kind's signature: a caller's arguments and every
+// the table from the op table, ops/*.toml), and each kind's signature: a caller's arguments and every
 // generated function of the kind are checked against it at compile time.
 #pragma once
 
@@ -12,34 +12,12 @@
 
 namespace kpool::rt {
 
-enum class Kernel {
-    FWHT,
-    FWHT_WORDS,  // CUDA: 16-byte-aligned rows of bf16 pairs in, 8-byte words of codes out
-    COMPRESS_TO_CACHE,
-    COMPRESS_TO_ROWS,
-    // CUDA: rows of 16-byte-aligned data and strides, bf16 as 64-bit words of 4
-    COMPRESS_TO_CACHE_WORDS,
-    COMPRESS_TO_ROWS_WORDS,
-    // CUDA: the two to-cache kinds with an int32 loc (an engine's
-    // slot_mapping read in place: kpool_compress_tokens_and_write_cache)
-    COMPRESS_TO_CACHE_I32,
-    COMPRESS_TO_CACHE_WORDS_I32,
-    // The prefill insert with positions: members before the chunk from the
-    // tail ring (keyed by its indices' type)
-    COMPRESS_TOKENS_FROM_RING,
-    SEED_TAIL,
-    DECODE_WRITE_CACHE,  // the CPU's decode: completions, then DECODE_STASH_TAIL
-    DECODE_STASH_TAIL,
-    DECODE_UPDATE,             // CUDA's decode: both in one kernel, a warp per token
-    DECODE_UPDATE_BY_REQUEST,  // the same, a warp per request (few tokens per request)
-    // CUDA's ragged decode: the same two layouts on flat tokens and query_start_loc
-    DECODE_UPDATE_RAGGED,
-    DECODE_UPDATE_RAGGED_BY_REQUEST,
-    EXPAND_POOLS_AND_APPEND_TAIL,
-    EXPAND_POOLS_TO_TOKENS,
-    APPEND_TAIL_TO_TOPK,
-    INDEX_CHECK,
-};
+// The kernel kinds of the op table (ops/*.toml: each [[kernel]]'s kind, what
+// it is for, its generator) and each one's arguments.
+#include "kpool_kernel_kinds.inc"  // KPOOL_FOR_EACH_KERNEL_KIND(X): X(kind, argument types...)
+#define KPOOL_KIND_ENUMERATOR(kind, ...) kind,
+enum class Kernel { KPOOL_FOR_EACH_KERNEL_KIND(KPOOL_KIND_ENUMERATOR) };
+#undef KPOOL_KIND_ENUMERATOR
 
 // The table's keys. Enumerators are spelled as the build spells them (the
 // table's lines name them as tokens: `sm90, DECODE_UPDATE, 4, bf16, triton`).
@@ -75,41 +53,7 @@ using Buf = halide_buffer_t *;
 #define KPOOL_SIGNATURE(kind, ...) \
     template <>                    \
     struct KernelSignature<Kernel::kind> : Signature<__VA_ARGS__> {};
-// (q, codes, scales)
-KPOOL_SIGNATURE(FWHT, Buf, Buf, Buf)
-KPOOL_SIGNATURE(FWHT_WORDS, Buf, Buf, Buf)
-// (slot_k, slot_score, ape, round_scale, loc, write_mask, cache codes, cache scales)
-KPOOL_SIGNATURE(COMPRESS_TO_CACHE, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
-KPOOL_SIGNATURE(COMPRESS_TO_CACHE_WORDS, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
-KPOOL_SIGNATURE(COMPRESS_TO_CACHE_I32, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
-KPOOL_SIGNATURE(COMPRESS_TO_CACHE_WORDS_I32, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf)
-// (key, gate_score, ape, round_scale, aligned_data, slot_mapping, positions,
-// tail_slot_mapping, tail, cache codes, cache scales)
-KPOOL_SIGNATURE(COMPRESS_TOKENS_FROM_RING, Buf, Buf, Buf, bool, bool, Buf, Buf, Buf, Buf, Buf, Buf)
-// (slot_k, slot_score, ape, round_scale, codes, scales)
-KPOOL_SIGNATURE(COMPRESS_TO_ROWS, Buf, Buf, Buf, bool, bool, Buf, Buf)
-KPOOL_SIGNATURE(COMPRESS_TO_ROWS_WORDS, Buf, Buf, Buf, bool, bool, Buf, Buf)
-// (key, gate_score, tslot, pool_size, tail)
-KPOOL_SIGNATURE(SEED_TAIL, Buf, Buf, Buf, int32_t, Buf)
-// (tail, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
-// round_scale, cache codes, cache scales[, tail out])
-KPOOL_SIGNATURE(DECODE_WRITE_CACHE, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf)
-KPOOL_SIGNATURE(DECODE_UPDATE, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf, Buf)
-KPOOL_SIGNATURE(DECODE_UPDATE_BY_REQUEST, Buf, Buf, Buf, Buf, Buf, Buf, Buf, bool, Buf, Buf, Buf)
-// (tail, tail_slot_mapping, key, slot_score, ape, slot_mapping, positions,
-// query_start_loc, max_query_len, round_scale, cache codes, cache scales, tail out)
-KPOOL_SIGNATURE(DECODE_UPDATE_RAGGED, Buf, Buf, Buf, Buf, Buf, Buf, Buf, Buf, int32_t, bool, Buf, Buf, Buf)
-KPOOL_SIGNATURE(DECODE_UPDATE_RAGGED_BY_REQUEST, Buf, Buf, Buf, Buf, Buf, Buf, Buf, Buf, int32_t, bool, Buf, Buf, Buf)
-// (tail_slot_mapping, key, slot_score, positions, tail)
-KPOOL_SIGNATURE(DECODE_STASH_TAIL, Buf, Buf, Buf, Buf, Buf)
-// (pool_ids, groups, seq_lens, pool_size, bound_pool_ids, out)
-KPOOL_SIGNATURE(EXPAND_POOLS_AND_APPEND_TAIL, Buf, int32_t, Buf, int32_t, bool, Buf)
-// (group_ids, group_valid, page_table, topk_offsets, token_map, pool_size, out)
-KPOOL_SIGNATURE(EXPAND_POOLS_TO_TOKENS, Buf, Buf, Buf, Buf, int32_t, int32_t, Buf)
-// (topk_result, history_cols, seq_lens, pool_lens, page_table, topk_offsets, token_map, pool_size, out)
-KPOOL_SIGNATURE(APPEND_TAIL_TO_TOPK, Buf, int32_t, Buf, Buf, Buf, Buf, int32_t, int32_t, Buf)
-// (index, enabled, limit, mark)
-KPOOL_SIGNATURE(INDEX_CHECK, Buf, Buf, int64_t, Buf)
+KPOOL_FOR_EACH_KERNEL_KIND(KPOOL_SIGNATURE)
 #undef KPOOL_SIGNATURE
 
 // What a built variant is for (the dispatch table's keys).

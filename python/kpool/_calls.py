@@ -31,17 +31,6 @@ import types
 from . import _lib
 from ._tensors import Call
 
-# The extension's functions, each with its kpool.h entry point: the order of
-# the addresses bind() takes.
-ENTRY_POINTS = (
-    ("fwht128_quant_fp8", "kpool_fwht128_quant_fp8"),
-    ("compress_and_write_cache", "kpool_compress_and_write_cache"),
-    ("seed_tail_cache", "kpool_seed_tail_cache"),
-    ("decode_update_and_maybe_write_cache_batched", "kpool_decode_update_and_maybe_write_cache_batched"),
-    ("expand_pools_and_append_tail", "kpool_expand_pools_and_append_tail"),
-    ("expand_pools_to_tokens", "kpool_expand_pools_to_tokens"),
-    ("append_tail_to_topk", "kpool_append_tail_to_topk"),
-)
 EXTENSION_NAME = "_torch_calls.abi3.so"
 EXTENSION_ENV = "KPOOL_TORCH_CALLS"  # "ctypes": don't load the extension
 SHIM_ENV = "KPOOL_TENSOR_SHIM"  # "0": read tensors through their Python interface
@@ -62,93 +51,36 @@ def _run(entry, c, *args):
     return int(status.skipped_completions)
 
 
-def _fwht128_quant_fp8(q, q_fp8, q_scale, arithmetic=DEFAULT):
-    c = Call(arithmetic)
-    return _run("kpool_fwht128_quant_fp8", c, c.tensor(q, "q", inner=True), c.tensor(q_fp8, "q_fp8", output=True),
-                c.tensor(q_scale, "q_scale", output=True))
+def _ctypes_call(entry):
+    """The entry point of the op table as a function: its arguments in the
+    C API's order (tensors or None, then ints), then optionally the call's
+    arithmetic; each tensor described by its argument's rules."""
+    symbol, arguments = entry["symbol"], entry["arguments"]
+    count = len(arguments)
+
+    def call(*args):
+        if len(args) not in (count, count + 1):
+            raise TypeError(f"{entry['name']}() takes {count} arguments and the arithmetic, {len(args)} given")
+        c = Call(args[count] if len(args) > count else DEFAULT)
+        return _run(symbol, c, *(c.tensor(x, a["name"], inner=a["inner"], output=a["output"])
+                                 if a["type"] == "tensor" else x for x, a in zip(args, arguments)))
+
+    call.__name__ = entry["name"]
+    return call
 
 
-def _compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, write_mask, compressed_k, compressed_scale,
-                              pool_size, head_dim, round_scale, write_cache, arithmetic=DEFAULT):
-    c = Call(arithmetic)
-    return _run("kpool_compress_and_write_cache", c, c.tensor(kv_cache, "kv_cache", output=True),
-                c.tensor(slot_k, "slot_k", inner=True), c.tensor(slot_score, "slot_score", inner=True),
-                c.tensor(ape, "ape", inner=True), c.tensor(loc, "loc"), c.tensor(write_mask, "write_mask"),
-                c.tensor(compressed_k, "compressed_k", output=True),
-                c.tensor(compressed_scale, "compressed_scale", output=True),
-                pool_size, head_dim, round_scale, write_cache)
-
-
-def _compress_tokens_and_write_cache(kv_cache, key, gate_score, ape, slot_mapping, tail_kv_cache, tail_slot_mapping,
-                                     positions, pool_size, head_dim, round_scale, arithmetic=DEFAULT):
-    c = Call(arithmetic)
-    return _run("kpool_compress_tokens_and_write_cache", c, c.tensor(kv_cache, "kv_cache", output=True),
-                c.tensor(key, "key", inner=True), c.tensor(gate_score, "gate_score", inner=True),
-                c.tensor(ape, "ape", inner=True), c.tensor(slot_mapping, "slot_mapping"),
-                c.tensor(tail_kv_cache, "tail_kv_cache", output=True), c.tensor(tail_slot_mapping, "tail_slot_mapping"),
-                c.tensor(positions, "positions"), pool_size, head_dim, round_scale)
-
-
-def _seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim, arithmetic=DEFAULT):
-    c = Call(arithmetic)
-    return _run("kpool_seed_tail_cache", c, c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
-                c.tensor(key, "key", inner=True), c.tensor(gate_score, "gate_score", inner=True),
-                c.tensor(tslot, "tslot"), pool_size, head_dim)
-
-
-def _decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
-                                                 slot_mapping, positions, pool_size, head_dim, round_scale,
-                                                 arithmetic=DEFAULT):
-    c = Call(arithmetic)
-    return _run("kpool_decode_update_and_maybe_write_cache_batched", c, c.tensor(kv_cache, "kv_cache", output=True),
-                c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
-                c.tensor(tail_slot_mapping, "tail_slot_mapping"), c.tensor(key, "key", inner=True),
-                c.tensor(slot_score, "slot_score", inner=True), c.tensor(ape, "ape", inner=True),
-                c.tensor(slot_mapping, "slot_mapping"), c.tensor(positions, "positions"),
-                pool_size, head_dim, round_scale)
-
-
-def _decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slot_mapping, key, slot_score, ape,
-                                                slot_mapping, positions, query_start_loc, max_query_len, pool_size,
-                                                head_dim, round_scale, arithmetic=DEFAULT):
-    c = Call(arithmetic)
-    return _run("kpool_decode_update_and_maybe_write_cache_ragged", c, c.tensor(kv_cache, "kv_cache", output=True),
-                c.tensor(tail_kv_cache, "tail_kv_cache", output=True),
-                c.tensor(tail_slot_mapping, "tail_slot_mapping"), c.tensor(key, "key", inner=True),
-                c.tensor(slot_score, "slot_score", inner=True), c.tensor(ape, "ape", inner=True),
-                c.tensor(slot_mapping, "slot_mapping"), c.tensor(positions, "positions"),
-                c.tensor(query_start_loc, "query_start_loc"), max_query_len, pool_size, head_dim, round_scale)
-
-
-def _expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids, arithmetic=DEFAULT):
-    c = Call(arithmetic)
-    return _run("kpool_expand_pools_and_append_tail", c, c.tensor(pool_ids, "pool_ids", inner=True),
-                c.tensor(seq_lens, "seq_lens"), c.tensor(out, "out", output=True), pool_size, bound_pool_ids)
-
-
-def _expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size,
-                            arithmetic=DEFAULT):
-    c = Call(arithmetic)
-    return _run("kpool_expand_pools_to_tokens", c, c.tensor(group_ids, "group_ids", inner=True),
-                c.tensor(group_valid, "group_valid", inner=True), c.tensor(page_table, "page_table"),
-                c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), topk, pool_size)
-
-
-def _append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, topk_offsets, out, pool_size,
-                         arithmetic=DEFAULT):
-    c = Call(arithmetic)
-    return _run("kpool_append_tail_to_topk", c, c.tensor(topk_result, "topk_result", inner=True),
-                c.tensor(seq_lens, "seq_lens"), c.tensor(pool_lens, "pool_lens"), c.tensor(page_table, "page_table"),
-                c.tensor(topk_offsets, "topk_offsets"), c.tensor(out, "out", output=True), pool_size)
+def entry_points():
+    """The entry points the extension carries, (function, kpool.h symbol) in
+    the order of the addresses bind() takes (the op table's torch_extension)."""
+    carried = sorted((e["torch_extension"], e["name"], e["symbol"]) for e in _lib.op_table()["entries"]
+                     if e["torch_extension"] is not None)
+    return tuple((name, symbol) for _, name, symbol in carried)
 
 
 # The calls with outputs, which the extension also has as NAME_new: the
 # call's arguments without its outputs, which it allocates and returns (or
 # NotImplemented where the caller allocates them). The ctypes functions leave
 # that to the caller.
-# The entry points the extension does not carry: torch tensors take them
-# through ctypes too (ctypes_calls).
-CTYPES_ONLY = ("compress_tokens_and_write_cache", "decode_update_and_maybe_write_cache_ragged")
 ALLOCATING = ("fwht128_quant_fp8", "compress_and_write_cache", "expand_pools_and_append_tail",
               "expand_pools_to_tokens", "append_tail_to_topk")
 
@@ -157,9 +89,23 @@ def _caller_allocates(*args):
     return NotImplemented
 
 
-ctypes_calls = types.SimpleNamespace(**{name: globals()["_" + name] for name, _ in ENTRY_POINTS},
-                                     **{name: globals()["_" + name] for name in CTYPES_ONLY},
-                                     **{name + "_new": _caller_allocates for name in ALLOCATING})
+class _CtypesCalls:
+    """Every entry point of the op table with tensor arguments, made on first
+    use (so that importing kpool loads no library), and the NAME_new forms."""
+
+    def __getattr__(self, name):
+        if name.endswith("_new") and name[:-4] in ALLOCATING:
+            return _caller_allocates
+        entry = next((e for e in _lib.op_table()["entries"]
+                      if e["name"] == name and any(a["type"] == "tensor" for a in e["arguments"])), None)
+        if entry is None:
+            raise AttributeError(f"kpool has no entry point kpool_{name} taking tensors")
+        function = _ctypes_call(entry)
+        setattr(self, name, function)
+        return function
+
+
+ctypes_calls = _CtypesCalls()
 
 _lock = threading.Lock()
 _torch_calls = None
@@ -197,7 +143,7 @@ def _load_extension():
     from ._tensors import _current_stream, torch_dtype_of_code
 
     lib = _lib.load()
-    addresses = tuple(ctypes.cast(getattr(lib, entry), ctypes.c_void_p).value for _, entry in ENTRY_POINTS)
+    addresses = tuple(ctypes.cast(getattr(lib, entry), ctypes.c_void_p).value for _, entry in entry_points())
     dtypes = tuple(torch_dtype_of_code(torch, code) for code in range(_lib.KPOOL_DTYPES))
     module.bind(addresses, dtypes, _current_stream, _lib.error_for, _lib.KpoolTypeError, _lib.KpoolValueError,
                 _lib.KpoolRuntimeError)

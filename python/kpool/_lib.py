@@ -1,4 +1,5 @@
-"""Finding and loading libkpool.so, and the ctypes mirror of include/kpool/kpool.h.
+"""Finding and loading libkpool.so, and the ctypes mirror of include/kpool/kpool.h
+(the entry points' prototypes from the op table beside the library).
 
 Nothing here knows about torch or numpy; ``_tensors`` turns their arrays into
 ``KpoolTensor`` descriptors and ``ops`` calls the entry points declared below.
@@ -7,6 +8,7 @@ Nothing here knows about torch or numpy; ``_tensors`` turns their arrays into
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import threading
 
@@ -95,30 +97,22 @@ _E = ctypes.POINTER(KpoolExec)
 _i32 = ctypes.c_int32
 _code = ctypes.c_int
 
-# name: (restype, argtypes), in the order of kpool.h.
-PROTOTYPES = {
-    "kpool_status_name": (ctypes.c_char_p, [ctypes.c_int]),
-    "kpool_dtype_name": (ctypes.c_char_p, [ctypes.c_int]),
-    "kpool_version": (ctypes.c_char_p, []),
-    "kpool_tensor_contiguous": (KpoolTensor, [ctypes.c_void_p, ctypes.c_int, _i32,
-                                              ctypes.POINTER(ctypes.c_int64)]),
-    "kpool_fwht128_quant_fp8": (_code, [_T, _T, _T, _E, _S]),
-    "kpool_compress_and_write_cache": (_code, [_T, _T, _T, _T, _T, _T, _T, _T, _i32, _i32, _i32, _i32,
-                                               _E, _S]),
-    "kpool_compress_tokens_and_write_cache": (_code, [_T, _T, _T, _T, _T, _T, _T, _T, _i32, _i32, _i32, _E, _S]),
-    "kpool_seed_tail_cache": (_code, [_T, _T, _T, _T, _i32, _i32, _E, _S]),
-    "kpool_decode_update_and_maybe_write_cache_batched": (_code, [_T, _T, _T, _T, _T, _T, _T, _T, _i32,
-                                                                  _i32, _i32, _E, _S]),
-    "kpool_decode_update_and_maybe_write_cache_ragged": (_code, [_T, _T, _T, _T, _T, _T, _T, _T, _T, _i32,
-                                                                 _i32, _i32, _i32, _E, _S]),
-    "kpool_expand_pools_and_append_tail": (_code, [_T, _T, _T, _i32, _i32, _E, _S]),
-    "kpool_expand_pools_to_tokens": (_code, [_T, _T, _T, _T, _T, _i32, _i32, _E, _S]),
-    "kpool_append_tail_to_topk": (_code, [_T, _T, _T, _T, _T, _T, _i32, _E, _S]),
-    "kpool_cuda_warm_up": (_code, [_i32, _E, _S]),
-    "kpool_check_index_errors": (_code, [_i32, _E, _S]),
-    "kpool_history_group_budget_for_topk": (_code, [ctypes.c_int64, _i32, ctypes.POINTER(ctypes.c_int64),
-                                                    _S]),
-}
+# The C types of the op table's argument and return types (cmake/op_table.py).
+_ARGUMENT_CTYPES = {"tensor": _T, "int32": _i32, "int64": ctypes.c_int64,
+                    "int64_out": ctypes.POINTER(ctypes.c_int64), "dtype": ctypes.c_int, "status_code": ctypes.c_int,
+                    "pointer": ctypes.c_void_p, "shape": ctypes.POINTER(ctypes.c_int64), "images": ctypes.c_void_p}
+_RETURN_CTYPES = {"status": _code, "skipped_completions": _code, "string": ctypes.c_char_p, "int32": _i32,
+                  "tensor_value": KpoolTensor}
+OP_TABLE_NAME = "kpool_ops.json"
+
+
+def prototype(entry) -> tuple:
+    """(restype, argtypes) of an entry point of the op table."""
+    argtypes = [_ARGUMENT_CTYPES[a["type"]] for a in entry["arguments"]]
+    argtypes += [_E] if entry["exec"] else []
+    argtypes += [_S] if entry["status"] else []
+    return _RETURN_CTYPES[entry["returns"]], argtypes
+
 
 LIBRARY_ENV = "KPOOL_LIBRARY"
 _LIBRARY_NAME = "libkpool.so"
@@ -142,6 +136,7 @@ def candidate_paths() -> list[str]:
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
+_table = None
 
 
 def load() -> ctypes.CDLL:
@@ -159,14 +154,44 @@ def load() -> ctypes.CDLL:
                 f"kpool: {_LIBRARY_NAME} not found (looked at: {', '.join(paths)}). Build it with "
                 f"`cmake --build build` and set {LIBRARY_ENV}=/path/to/{_LIBRARY_NAME}, or reinstall the "
                 f"package after building so that it is copied into kpool/lib/")
+        table = _read_op_table(path)
         lib = ctypes.CDLL(path)
-        for name, (restype, argtypes) in PROTOTYPES.items():
-            fn = getattr(lib, name)  # AttributeError names a missing symbol: wrong library
-            fn.restype = restype
-            fn.argtypes = argtypes
+        for entry in table["entries"]:
+            fn = getattr(lib, entry["symbol"])  # AttributeError names a missing symbol: wrong library
+            fn.restype, fn.argtypes = prototype(entry)
+        global _table
+        _table = table  # (the library's own, whatever op_table() read before)
         _lib_path = path
         _lib = lib
         return lib
+
+
+def _read_op_table(path):
+    """The op table the library at ``path`` was built from, beside it (the
+    build's cmake/op_table.py writes it there, the wheel packs it there)."""
+    table_path = os.path.join(os.path.dirname(path), OP_TABLE_NAME)
+    try:
+        with open(table_path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise OSError(f"kpool: {path} has no op table beside it ({table_path}: {e.strerror}); "
+                      f"rebuild the library, or reinstall the package") from None
+
+
+def op_table() -> dict:
+    """The op table of the library the package loads (read, the library not
+    loaded, on first use): its C entry points, each with its arguments and
+    their rules, and its torch operators' schemas (cmake/op_table.py)."""
+    global _table
+    if _table is None:
+        path = _lib_path or next((p for p in candidate_paths() if os.path.isfile(p)), None)
+        if path is None:
+            load()  # (raises, naming where it looked)
+        table = _read_op_table(path)
+        with _lock:
+            if _table is None:
+                _table = table
+    return _table
 
 
 def library_path() -> str:

@@ -110,6 +110,13 @@ def is_array(x) -> bool:
     return _torch_of(x) is not None or _numpy_of(x) is not None
 
 
+def require_flag(v, name):
+    """A bool parameter; an array there is an output passed by position."""
+    if is_array(v):
+        raise KpoolTypeError(f"{name} is a {type(v).__name__}: pass the output buffer as out=... (keyword only)")
+    return v
+
+
 def _not_an_array(x, name):
     return KpoolTypeError(f"{name} is a {type(x).__name__}, expected a torch.Tensor or a numpy.ndarray")
 

@@ -29,7 +29,7 @@ import torch
 if not hasattr(torch.library, "register_fake"):  # ops.py then takes torch tensors through ctypes only
     raise ImportError(f"kpool's torch operators need torch >= 2.4 (this is {torch.__version__})")
 
-from . import _calls, _tensors
+from . import _calls, _lib, _tensors
 from ._lib import KPOOL_HEAD_DIM, KpoolTypeError, KpoolValueError
 
 D = KPOOL_HEAD_DIM
@@ -51,50 +51,10 @@ def _define_library():
 
 NAMESPACE, _library = _define_library()
 
-SCHEMAS = {
-    "fwht128_quant_fp8": "(Tensor q) -> (Tensor q_fp8, Tensor q_scale)",
-    "compress_and_write_cache":
-        "(Tensor(a!)? kv_cache, Tensor slot_k, Tensor slot_score, Tensor ape, Tensor loc, Tensor? write_mask, "
-        "int pool_size, int head_dim, bool round_scale, bool write_cache) -> ()",
-    # The same call with return_compressed: the rows as well (and the cache
-    # written when write_cache).
-    "compress_to_rows":
-        "(Tensor(a!)? kv_cache, Tensor slot_k, Tensor slot_score, Tensor ape, Tensor loc, Tensor? write_mask, "
-        "int pool_size, int head_dim, bool round_scale, bool write_cache) "
-        "-> (Tensor compressed_k, Tensor compressed_scale)",
-    "compress_tokens_and_write_cache":
-        "(Tensor(a!) kv_cache, Tensor key, Tensor gate_score, Tensor ape, Tensor slot_mapping, "
-        "Tensor(b!)? tail_kv_cache, Tensor? tail_slot_mapping, Tensor? positions, int pool_size, int head_dim, "
-        "bool round_scale) -> ()",
-    "seed_tail_cache":
-        "(Tensor(a!) tail_kv_cache, Tensor key, Tensor gate_score, Tensor tslot, int pool_size, int head_dim) -> ()",
-    "decode_update_and_maybe_write_cache_batched":
-        "(Tensor(a!) kv_cache, Tensor(b!) tail_kv_cache, Tensor tail_slot_mapping, Tensor key, Tensor slot_score, "
-        "Tensor ape, Tensor slot_mapping, Tensor positions, int pool_size, int head_dim, bool round_scale) -> ()",
-    "decode_update_and_maybe_write_cache_ragged":
-        "(Tensor(a!) kv_cache, Tensor(b!) tail_kv_cache, Tensor tail_slot_mapping, Tensor key, Tensor slot_score, "
-        "Tensor ape, Tensor slot_mapping, Tensor positions, Tensor query_start_loc, int max_query_len, int pool_size, "
-        "int head_dim, bool round_scale) -> ()",
-    "expand_pools_and_append_tail": "(Tensor pool_ids, Tensor seq_lens, int pool_size, bool bound_pool_ids) -> Tensor",
-    "expand_pools_to_tokens":
-        "(Tensor group_ids, Tensor group_valid, Tensor? page_table, Tensor? topk_offsets, int topk, int pool_size) "
-        "-> Tensor",
-    "append_tail_to_topk":
-        "(Tensor topk_result, Tensor seq_lens, Tensor pool_lens, Tensor? page_table, Tensor? topk_offsets, "
-        "int pool_size) -> Tensor",
-    # The out= forms: the caller's int32 buffer written in place (any
-    # strides), nothing allocated. They return nothing (a custom op that
-    # returned its mutated argument could not be functionalized); the
-    # Python functions return `out`.
-    "expand_pools_and_append_tail.out":
-        "(Tensor pool_ids, Tensor seq_lens, int pool_size, bool bound_pool_ids, Tensor(a!) out) -> ()",
-    "expand_pools_to_tokens.out":
-        "(Tensor group_ids, Tensor group_valid, Tensor? page_table, Tensor? topk_offsets, int topk, int pool_size, "
-        "Tensor(a!) out) -> ()",
-    "append_tail_to_topk.out":
-        "(Tensor topk_result, Tensor seq_lens, Tensor pool_lens, Tensor? page_table, Tensor? topk_offsets, "
-        "int pool_size, Tensor(a!) out) -> ()",
-}
+# Each op's schema, from the op table (ops/*.toml's [torch]): one that marks
+# the caches and tail rings it writes (Tensor(a!)); the arithmetic is added
+# as its last argument (with_arithmetic).
+SCHEMAS = _lib.op_table()["torch"]
 
 
 def _not_a_tensor(x, name):
@@ -300,6 +260,22 @@ def _without_arithmetic(fake, schema):
     return fake_of_call
 
 
+
+
+def _entry_point_kernel(name):
+    """The kernel of a table op written here by nothing else: its entry
+    point on the op's arguments as they are (its schema is the C call's:
+    outputs passed in, nothing returned)."""
+
+    def kernel(*args):
+        getattr(_calls.torch_calls() if name in dict(_calls.entry_points()) else _calls.ctypes_calls, name)(*args)
+
+    return kernel
+
+
+for _name in SCHEMAS.keys() - _OPS.keys():
+    _OPS[_name] = (_entry_point_kernel(_name), _nothing)
+
 for _name, (_kernel, _fake) in _OPS.items():
     _library.define(_name + with_arithmetic(SCHEMAS[_name]))
     _library.impl(_name, _kernel, "CPU")
@@ -497,7 +473,22 @@ def decode_update_and_maybe_write_cache_ragged(kv_cache, tail_kv_cache, tail_slo
     return _decode_step(_ragged_decode_kernel, ops.decode_update_and_maybe_write_cache_ragged, args, return_skipped)
 
 
+# The three expand helpers from their drop-in function (ops.py), each in one
+# step: the arithmetic's name resolved, then on eager plain tensors in the
+# dtypes the kernel takes the extension's one call, which allocates the
+# output; anything else (conversions, out=, tracing, the ctypes fallback)
+# the general path below it.
+_IDS = (I32, I64)
+
+
 def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets, arithmetic, out=None):
+    arithmetic = arithmetic_code(arithmetic)
+    if (out is None and group_ids.dtype in _IDS and page_table is None and topk_offsets is None
+            and _eager(group_ids)):
+        result = _calls.torch_calls().expand_pools_to_tokens_new(group_ids, group_valid, None, None, topk, pool_size,
+                                                                 arithmetic)
+        if result is not NotImplemented:
+            return result
     args = (_index_ids(group_ids, "group_ids"), group_valid, _integer(page_table, "page_table", I32),
             _integer(topk_offsets, "topk_offsets", I64), topk, pool_size)
     if out is not None:
@@ -511,12 +502,19 @@ def expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, 
 
 
 def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets, arithmetic, out=None):
+    arithmetic = arithmetic_code(arithmetic)
     if topk_result.dtype != I32:
         raise KpoolTypeError(f"topk_result has dtype {str(topk_result.dtype).replace('torch.', '')}, expected int32")
     _require_dims(seq_lens, "seq_lens", 1, "[rows]")
     _require_dims(pool_lens, "pool_lens", 1, "[rows]")
     if pool_size == 1 and out is None:
         return topk_result  # no tail; the reference returns its input too
+    if (out is None and seq_lens.dtype == I32 and pool_lens.dtype == I32 and page_table is None
+            and topk_offsets is None and _eager(topk_result)):
+        result = _calls.torch_calls().append_tail_to_topk_new(topk_result, seq_lens, pool_lens, None, None, pool_size,
+                                                              arithmetic)
+        if result is not NotImplemented:
+            return result
     args = (topk_result, _integer(seq_lens, "seq_lens", I32), _integer(pool_lens, "pool_lens", I32),
             _integer(page_table, "page_table", I32), _integer(topk_offsets, "topk_offsets", I64), pool_size)
     if out is not None:
@@ -528,7 +526,17 @@ def append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table,
 
 
 def expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids, arithmetic, out=None):
-    args = (_index_ids(pool_ids, "pool_ids"), _integer(seq_lens, "seq_lens", I32), pool_size, bool(bound_pool_ids))
+    if type(bound_pool_ids) is not bool:
+        _tensors.require_flag(bound_pool_ids, "bound_pool_ids")
+        bound_pool_ids = bool(bound_pool_ids)
+    arithmetic = arithmetic_code(arithmetic)
+    if (out is None and pool_ids.dtype in _IDS and type(seq_lens) is Tensor and seq_lens.dtype == I32
+            and _eager(pool_ids)):
+        result = _calls.torch_calls().expand_pools_and_append_tail_new(pool_ids, seq_lens, pool_size, bound_pool_ids,
+                                                                       arithmetic)
+        if result is not NotImplemented:
+            return result
+    args = (_index_ids(pool_ids, "pool_ids"), _integer(seq_lens, "seq_lens", I32), pool_size, bound_pool_ids)
     if out is not None:
         return _into_out(pool_ids, _expand_and_append_out_kernel, ops.expand_pools_and_append_tail.out, args, out,
                          arithmetic)

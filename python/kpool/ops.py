@@ -45,6 +45,7 @@ from ._tensors import (
     is_integer_dtype,
     kpool_dtype,
     new_status,
+    require_flag,
     require_ndim,
 )
 from ._tensors import arithmetic_code
@@ -97,13 +98,6 @@ def _same_index_dtype(*named):
         return tuple(x for _, x in named)
     code = KPOOL_DTYPE_INT64 if KPOOL_DTYPE_INT64 in codes else KPOOL_DTYPE_INT32
     return tuple(_index(x, name, code) for name, x in named)
-
-
-def _flag(v, name):
-    """A bool parameter; an array there is an output passed by position."""
-    if is_array(v):
-        raise KpoolTypeError(f"{name} is a {type(v).__name__}: pass the output buffer as out=... (keyword only)")
-    return v
 
 
 def _output(out, like, shape):
@@ -405,9 +399,9 @@ def expand_pools_to_tokens(group_ids: Array, group_valid: Array, topk: int, pool
     (``[rows]`` or ``[rows, 1]``), not both. With ``out`` (int32
     ``[rows, topk]``, any strides, e.g. rows of a wider buffer) the ids are
     written there and ``out`` is returned."""
-    if isinstance(group_ids, _TORCH_TENSOR):
+    if isinstance(group_ids, _TORCH_TENSOR):  # the whole torch call, checks included: one step
         return _torch_ops.expand_pools_to_tokens(group_ids, group_valid, topk, pool_size, page_table, topk_offsets,
-                                                 _arithmetic(arithmetic), out)
+                                                 arithmetic, out)
     rows = require_ndim(group_ids, "group_ids", (2,), "[rows, topk / pool_size]")[0]
     topk = _i32(topk, "topk")
     pool_size = _i32(pool_size, "pool_size")
@@ -433,9 +427,9 @@ def append_tail_to_topk(topk_result: Array, seq_lens: Array, pool_lens: Array, p
     ``out`` (int32 ``[rows, C + P - 1]``, any strides) the result is written
     there and ``out`` is returned.
     """
-    if isinstance(topk_result, _TORCH_TENSOR):
+    if isinstance(topk_result, _TORCH_TENSOR):  # the whole torch call, checks included: one step
         return _torch_ops.append_tail_to_topk(topk_result, seq_lens, pool_lens, pool_size, page_table, topk_offsets,
-                                              _arithmetic(arithmetic), out)
+                                              arithmetic, out)
     if kpool_dtype(topk_result, "topk_result") != KPOOL_DTYPE_INT32:
         raise KpoolTypeError(f"topk_result has dtype {dtype_label(topk_result)}, expected int32")
     require_ndim(seq_lens, "seq_lens", (1,), "[rows]")
@@ -468,10 +462,9 @@ def expand_pools_and_append_tail(pool_ids: Array, seq_lens: Array, pool_size: in
     ``topk_buffer[:rows]`` of a wider preallocated buffer) the ids are
     written there, with no other allocation or copy, and ``out`` is returned.
     """
-    _flag(bound_pool_ids, "bound_pool_ids")
-    if isinstance(pool_ids, _TORCH_TENSOR):
-        return _torch_ops.expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids,
-                                                       _arithmetic(arithmetic), out)
+    if isinstance(pool_ids, _TORCH_TENSOR):  # the whole torch call, checks included: one step
+        return _torch_ops.expand_pools_and_append_tail(pool_ids, seq_lens, pool_size, bound_pool_ids, arithmetic, out)
+    require_flag(bound_pool_ids, "bound_pool_ids")
     rows, groups = require_ndim(pool_ids, "pool_ids", (2,), "[rows, n_groups]")
     pool_size = _i32(pool_size, "pool_size")
     pool_ids = _index_ids(pool_ids, "pool_ids")

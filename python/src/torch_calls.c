@@ -34,16 +34,9 @@
 /* --- what bind() hands over ---------------------------------------------- */
 #define KPOOL_DTYPES 7
 
-enum entry {
-    FWHT,
-    COMPRESS,
-    SEED,
-    DECODE,
-    EXPAND_AND_APPEND,
-    EXPAND_TO_TOKENS,
-    APPEND_TAIL,
-    ENTRIES
-};
+/* The entry points this extension calls (enum entry, generated from the op
+ * table by the build: its entries with a torch_extension slot). */
+#include "kpool_torch_call_entries.h"
 
 static void *entry_points[ENTRIES];
 static PyObject *torch_dtypes[KPOOL_DTYPES]; /* indexed by kpool_dtype; NULL: none in this torch */
@@ -372,47 +365,11 @@ typedef struct {
     const char *int_names[4];
 } op_spec;
 
+static kpool_status_code invoke_entry(enum entry entry, void *fn, const kpool_tensor *const *a,
+                                      const int32_t *v, const kpool_exec *e, kpool_status *st);
+
 static kpool_status_code invoke(const op_spec *op, call *c, const int32_t *v, kpool_status *st) {
-    const kpool_tensor *const *a = c->arg;
-    const kpool_exec *e = &c->exec;
-    void *fn = entry_points[op->entry];
-    switch (op->entry) {
-    case FWHT:
-        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
-                                      const kpool_exec *, kpool_status *))fn)(a[0], a[1], a[2], e, st);
-    case COMPRESS:
-        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
-                                      const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
-                                      const kpool_tensor *, const kpool_tensor *, int32_t, int32_t, int32_t,
-                                      int32_t, const kpool_exec *, kpool_status *))fn)(
-            a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], v[0], v[1], v[2], v[3], e, st);
-    case SEED:
-        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
-                                      const kpool_tensor *, int32_t, int32_t, const kpool_exec *,
-                                      kpool_status *))fn)(a[0], a[1], a[2], a[3], v[0], v[1], e, st);
-    case DECODE:
-        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
-                                      const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
-                                      const kpool_tensor *, const kpool_tensor *, int32_t, int32_t, int32_t,
-                                      const kpool_exec *, kpool_status *))fn)(
-            a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], v[0], v[1], v[2], e, st);
-    case EXPAND_AND_APPEND:
-        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *, int32_t,
-                                      int32_t, const kpool_exec *, kpool_status *))fn)(a[0], a[1], a[2], v[0],
-                                                                                       v[1], e, st);
-    case EXPAND_TO_TOKENS:
-        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
-                                      const kpool_tensor *, const kpool_tensor *, int32_t, int32_t,
-                                      const kpool_exec *, kpool_status *))fn)(a[0], a[1], a[2], a[3], a[4], v[0],
-                                                                              v[1], e, st);
-    case APPEND_TAIL:
-        return ((kpool_status_code(*)(const kpool_tensor *, const kpool_tensor *, const kpool_tensor *,
-                                      const kpool_tensor *, const kpool_tensor *, const kpool_tensor *, int32_t,
-                                      const kpool_exec *, kpool_status *))fn)(a[0], a[1], a[2], a[3], a[4], a[5],
-                                                                              v[0], e, st);
-    case ENTRIES: break;
-    }
-    return KPOOL_ERROR_INTERNAL;
+    return invoke_entry(op->entry, entry_points[op->entry], c->arg, v, &c->exec, st);
 }
 
 /* Whether a function given nargs arguments has an op's `count`, and
@@ -465,42 +422,9 @@ done:
     return result;
 }
 
-static const op_spec FWHT_SPEC = {"fwht128_quant_fp8", FWHT, 3, {"q", "q_fp8", "q_scale"},
-                                  {INNER, OUTPUT, OUTPUT}, 0, {0}};
-static const op_spec COMPRESS_SPEC = {
-    "compress_and_write_cache", COMPRESS, 8,
-    {"kv_cache", "slot_k", "slot_score", "ape", "loc", "write_mask", "compressed_k", "compressed_scale"},
-    {OUTPUT, INNER, INNER, INNER, 0, 0, OUTPUT, OUTPUT}, 4,
-    {"pool_size", "head_dim", "round_scale", "write_cache"}};
-static const op_spec SEED_SPEC = {"seed_tail_cache", SEED, 4, {"tail_kv_cache", "key", "gate_score", "tslot"},
-                                  {OUTPUT, INNER, INNER, 0}, 2, {"kpool", "head_dim"}};
-static const op_spec DECODE_SPEC = {
-    "decode_update_and_maybe_write_cache_batched", DECODE, 8,
-    {"kv_cache", "tail_kv_cache", "tail_slot_mapping", "key", "slot_score", "ape", "slot_mapping", "positions"},
-    {OUTPUT, OUTPUT, 0, INNER, INNER, INNER, 0, 0}, 3, {"pool_size", "head_dim", "round_scale"}};
-static const op_spec EXPAND_AND_APPEND_SPEC = {"expand_pools_and_append_tail", EXPAND_AND_APPEND, 3,
-                                               {"pool_ids", "seq_lens", "out"}, {INNER, 0, OUTPUT}, 2,
-                                               {"pool_size", "bound_pool_ids"}};
-static const op_spec EXPAND_TO_TOKENS_SPEC = {
-    "expand_pools_to_tokens", EXPAND_TO_TOKENS, 5, {"group_ids", "group_valid", "page_table", "topk_offsets", "out"},
-    {INNER, INNER, 0, 0, OUTPUT}, 2, {"topk", "pool_size"}};
-static const op_spec APPEND_TAIL_SPEC = {
-    "append_tail_to_topk", APPEND_TAIL, 6,
-    {"topk_result", "seq_lens", "pool_lens", "page_table", "topk_offsets", "out"}, {INNER, 0, 0, 0, 0, OUTPUT},
-    1, {"pool_size"}};
-
-#define ENTRY(fn, spec)                                                              \
-    static PyObject *fn(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { \
-        (void)self;                                                                  \
-        return run(&spec, args, nargs);                                              \
-    }
-ENTRY(fwht128_quant_fp8, FWHT_SPEC)
-ENTRY(compress_and_write_cache, COMPRESS_SPEC)
-ENTRY(seed_tail_cache, SEED_SPEC)
-ENTRY(decode_update_and_maybe_write_cache_batched, DECODE_SPEC)
-ENTRY(expand_pools_and_append_tail, EXPAND_AND_APPEND_SPEC)
-ENTRY(expand_pools_to_tokens, EXPAND_TO_TOKENS_SPEC)
-ENTRY(append_tail_to_topk, APPEND_TAIL_SPEC)
+/* Each entry point's spec (its tensors' names and rules, its parameters),
+ * its call and its function, from the op table. */
+#include "kpool_torch_call_specs.inc"
 
 /* --- outputs allocated here ------------------------------------------------
  * The torch ops' kernels (python/kpool/_torch_ops.py) allocate their
@@ -637,14 +561,14 @@ static PyObject *quantized_rows_new(const op_spec *op, PyObject *const *args, Py
 /* fwht128_quant_fp8_new(q) -> (q_fp8 [rows, 128] e4m3, q_scale [rows, 1] f32) */
 static PyObject *fwht128_quant_fp8_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    return quantized_rows_new(&FWHT_SPEC, args, nargs, 1, 0, 2, 1, 2);
+    return quantized_rows_new(&spec_fwht128_quant_fp8, args, nargs, 1, 0, 2, 1, 2);
 }
 
 /* compress_and_write_cache_new(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim,
  * round_scale, write_cache) -> (compressed_k [n, 128] e4m3, compressed_scale [n] f32) */
 static PyObject *compress_and_write_cache_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    return quantized_rows_new(&COMPRESS_SPEC, args, nargs, 10, 1, 3, 6, 1);
+    return quantized_rows_new(&spec_compress_and_write_cache, args, nargs, 10, 1, 3, 6, 1);
 }
 
 /* The int32 token ids [rows, max(cols, 0)] the top-k helpers return, at
@@ -664,7 +588,7 @@ static PyObject *expand_pools_and_append_tail_new(PyObject *self, PyObject *cons
     if (!takes_new(args, nargs, 4) || !shaped_like(args[0], 2, &ids) || !small_int(args[2], &pool_size) ||
         __builtin_mul_overflow(ids.shape[1], pool_size, &cols) || __builtin_add_overflow(cols, pool_size - 1, &cols))
         Py_RETURN_NOTIMPLEMENTED;
-    return token_ids_new(&EXPAND_AND_APPEND_SPEC, args, nargs, &ids, 2, cols);
+    return token_ids_new(&spec_expand_pools_and_append_tail, args, nargs, &ids, 2, cols);
 }
 
 /* expand_pools_to_tokens_new(group_ids, group_valid, page_table, topk_offsets, topk, pool_size)
@@ -674,7 +598,7 @@ static PyObject *expand_pools_to_tokens_new(PyObject *self, PyObject *const *arg
     kpool_tensor ids;
     int64_t topk;
     if (!takes_new(args, nargs, 6) || !shaped_like(args[0], 2, &ids) || !small_int(args[4], &topk)) Py_RETURN_NOTIMPLEMENTED;
-    return token_ids_new(&EXPAND_TO_TOKENS_SPEC, args, nargs, &ids, 4, topk);
+    return token_ids_new(&spec_expand_pools_to_tokens, args, nargs, &ids, 4, topk);
 }
 
 /* append_tail_to_topk_new(topk_result, seq_lens, pool_lens, page_table, topk_offsets, pool_size)
@@ -686,7 +610,7 @@ static PyObject *append_tail_to_topk_new(PyObject *self, PyObject *const *args, 
     if (!takes_new(args, nargs, 6) || !shaped_like(args[0], 2, &result) || !small_int(args[5], &pool_size) ||
         __builtin_add_overflow(result.shape[1], pool_size - 1, &cols))
         Py_RETURN_NOTIMPLEMENTED;
-    return token_ids_new(&APPEND_TAIL_SPEC, args, nargs, &result, 5, cols);
+    return token_ids_new(&spec_append_tail_to_topk, args, nargs, &result, 5, cols);
 }
 
 /* time_calls(name, calls, thread_clock, *arguments): the entry point of
@@ -698,9 +622,6 @@ static PyObject *append_tail_to_topk_new(PyObject *self, PyObject *const *args, 
  * call, so the rest is the Python side. */
 static PyObject *time_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    static const op_spec *const specs[ENTRIES] = {&FWHT_SPEC, &COMPRESS_SPEC, &SEED_SPEC, &DECODE_SPEC,
-                                                  &EXPAND_AND_APPEND_SPEC, &EXPAND_TO_TOKENS_SPEC,
-                                                  &APPEND_TAIL_SPEC};
     const char *name = nargs >= 3 ? PyUnicode_AsUTF8AndSize(args[0], NULL) : NULL;
     long calls = nargs >= 3 ? PyLong_AsLong(args[1]) : 0;
     int thread_clock = nargs >= 3 ? PyObject_IsTrue(args[2]) : -1;
@@ -748,7 +669,7 @@ static void replace(PyObject **slot, PyObject *value) {
 }
 
 /* bind(entry_points, dtypes, current_stream, error_for, type_error, value_error, runtime_error):
- * entry_points: the 7 addresses in the order of the functions above; dtypes: 7 torch dtypes (or None) in
+ * entry_points: the ENTRIES (7) addresses in the order of enum entry; dtypes: 7 torch dtypes (or None) in
  * kpool_dtype order. */
 static PyObject *bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -933,20 +854,7 @@ static PyMethodDef methods[] = {
                                     "agrees."),
     FASTCALL(time_calls, "time_calls(name, calls, thread_clock, *arguments) -> seconds per call of the entry point "
                          "alone"),
-    FASTCALL(fwht128_quant_fp8, "kpool_fwht128_quant_fp8(q, q_fp8, q_scale)"),
-    FASTCALL(compress_and_write_cache, "kpool_compress_and_write_cache(kv_cache, slot_k, slot_score, ape, loc, "
-                                       "write_mask, compressed_k, compressed_scale, pool_size, head_dim, "
-                                       "round_scale, write_cache)"),
-    FASTCALL(seed_tail_cache, "kpool_seed_tail_cache(tail_kv_cache, key, gate_score, tslot, pool_size, head_dim)"),
-    FASTCALL(decode_update_and_maybe_write_cache_batched,
-             "kpool_decode_update_and_maybe_write_cache_batched(kv_cache, tail_kv_cache, tail_slot_mapping, key, "
-             "slot_score, ape, slot_mapping, positions, pool_size, head_dim, round_scale) -> skipped completions"),
-    FASTCALL(expand_pools_and_append_tail,
-             "kpool_expand_pools_and_append_tail(pool_ids, seq_lens, out, pool_size, bound_pool_ids)"),
-    FASTCALL(expand_pools_to_tokens,
-             "kpool_expand_pools_to_tokens(group_ids, group_valid, page_table, topk_offsets, out, topk, pool_size)"),
-    FASTCALL(append_tail_to_topk, "kpool_append_tail_to_topk(topk_result, seq_lens, pool_lens, page_table, "
-                                  "topk_offsets, out, pool_size)"),
+    KPOOL_TORCH_CALL_METHODS
     FASTCALL(fwht128_quant_fp8_new, "fwht128_quant_fp8_new(q) -> (q_fp8, q_scale), or NotImplemented"),
     FASTCALL(compress_and_write_cache_new,
              "compress_and_write_cache_new(kv_cache, slot_k, slot_score, ape, loc, write_mask, pool_size, head_dim, "

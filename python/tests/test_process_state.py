@@ -24,6 +24,7 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "python"))
 
 import kpool  # noqa: E402
+from kpool import _lib  # noqa: E402
 
 D = kpool.INDEX_HEAD_DIM
 PAGE, ROW = 64, D + 4
@@ -126,8 +127,8 @@ def test_threads_with_different_arithmetics_get_their_own_bytes():
 
 
 def _copy_package(root, name):
-    """python/kpool copied into root/<name>/kpool with libkpool.so in its
-    lib/: the layout of a package that bundles kpool."""
+    """python/kpool copied into root/<name>/kpool with libkpool.so and its op
+    table in its lib/: the layout of a package that bundles kpool."""
     package = os.path.join(root, name)
     os.makedirs(package)
     open(os.path.join(package, "__init__.py"), "w").close()
@@ -136,6 +137,7 @@ def _copy_package(root, name):
     lib = os.path.join(package, "kpool", "lib")
     os.makedirs(lib)
     shutil.copy(kpool.library_path(), os.path.join(lib, "libkpool.so"))
+    shutil.copy(os.path.join(os.path.dirname(kpool.library_path()), _lib.OP_TABLE_NAME), lib)
     extension = os.path.join(os.path.dirname(kpool.library_path()), "_torch_calls.abi3.so")
     if os.path.isfile(extension):
         shutil.copy(extension, lib)

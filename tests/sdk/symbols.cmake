@@ -1,4 +1,4 @@
-# cmake -P: what the SDK's libraries expose (cmake/kpool.map).
+# cmake -P: what the SDK's libraries expose (the version script the op table generates, build/kpool.map).
 #   libkpool.so: SONAME libkpool.so.<major>.<minor>.<build>, and its exported
 #     functions are exactly the C API: the functions kpool.h declares (and
 #     the tuner's kpool_tune_select in a tuning build).

@@ -56,6 +56,7 @@ grafted = [n for n in names if n.startswith("kpool.libs/")]
 assert not grafted, f"auditwheel bundled libraries into the wheel: {grafted}"
 libs = sorted(n for n in names if n.endswith(".so"))
 assert libs == ["kpool/lib/_torch_calls.abi3.so", "kpool/lib/libkpool.so"], libs
+assert "kpool/lib/kpool_ops.json" in names, "the wheel holds no op table beside libkpool.so"
 tests = [n for n in names if "/tests/" in n]
 assert not tests, f"the wheel holds tests: {tests}"
 print(f"[wheel] {len(names)} files, shared objects {libs}, nothing grafted")
