@@ -119,8 +119,7 @@ DecodeTokens batched_tokens(DecodeWriteArguments &in) {
 // (clamp_token_and_request).
 // vector_rows: the kernel reads a lane's run of a row as one vector (its
 // rows aligned), so a member chosen by a branch is one load.
-// row_over_warps: a completion's row spread over a block's warps
-// (DecodeLayout::BlockPerRequest).
+// row_over_warps: a row over a block's warps (DecodeLayout::BlockPerRequest).
 template <typename Args>
 void define_completions(DecodeWriteStages &s, Args &in, const DecodeTokens &tokens,
                         GeneratorOutput<Func> &cache, int P, const BuildPlan &plan, Arithmetic arithmetic,
@@ -329,9 +328,8 @@ public:
 
     void generate() {
         const DecodeTokens tokens = in.tokens();
-        // A warp per token and a block per request run a block per request
-        // (schedules/cuda/decode.cpp): their request loop is the grid, never
-        // rounded up.
+        // A warp per token and a block per request run a block per request:
+        // their request loop is the grid, never rounded up.
         const bool requests_in_blocks = layout == DecodeLayout::WarpPerRequest;
         define_completions(stages.write, in, tokens, cache, pool_size, this->build_plan(), arithmetic,
                            requests_in_blocks, aligned_rows, layout == DecodeLayout::BlockPerRequest);
