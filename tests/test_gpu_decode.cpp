@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 
+#include "dispatch.h"
 #include "gpu_fixtures.h"
 #include "ops/decode_layouts.h"
 
