@@ -106,8 +106,9 @@ function(kpool_add_kernel function)
     endif ()
     list(APPEND params knobs=${knobs})
     # An op's own generator (ops/*.toml's generator_sources) takes the
-    # table's parameters alone: kpool's knobs and families are kpool_generators'.
-    if (NOT ARG_GENERATOR_TARGET STREQUAL "kpool_generators")
+    # table's parameters alone: kpool's knobs and families are kpool_generators'
+    # (and kpool_test_generators', whose GPU layouts on the CPU read them).
+    if (NOT ARG_GENERATOR_TARGET STREQUAL "kpool_generators" AND NOT ARG_TEST)
         set(params ${ARG_PARAMS})
     endif ()
     # The generator's command line for this variant, for tests that emit
