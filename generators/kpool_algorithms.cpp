@@ -114,25 +114,46 @@ Fp8Row quantize_fp8_row(Func x, const Var &d, const Var &v, const Var &lane, con
     const int V = layout.values_per_lane, L = layout.lanes();
     Fp8Row q;
     q.round_scale = round_scale;
-    // max is exact and, ignoring NaN, commutative, so its order is free: per
-    // lane first, then across lanes.
-    Expr lane_max = abs_f32(x(with_two(0, lane, rows)));
-    for (int i = 1; i < V; i++) {
-        lane_max = arith.max_min.max(lane_max, abs_f32(x(with_two(i, lane, rows))));
-    }
-    q.lane_absmax = Func{"lane_absmax"};
-    q.lane_absmax(lane_args(lane, rows)) = lane_max;
-    Func prev = q.lane_absmax;
-    for (int bit = 1; bit < L; bit *= 2) {
-        Partner p = partner(lane, bit, L, layout.partner_by_index);
-        Func stage{"absmax_lanes" + std::to_string(bit)};
-        Expr other = p.read([&](Expr i) { return prev(with_first(i, rows)); });
-        stage(lane_args(lane, rows)) = arith.max_min.max(prev(with_first(lane, rows)), other);
-        q.absmax_stages.push_back(stage);
-        prev = stage;
+    // max is exact and, ignoring NaN, commutative and associative, so its
+    // order is free: per lane first, then across lanes; or, where the values
+    // are warps, across each warp's lanes first, then across the warps.
+    Expr row_max;
+    if (layout.values_are_warps) {
+        q.lane_absmax = Func{"element_absmax"};
+        q.lane_absmax(lane_args(v, lane, rows)) = abs_f32(x(with_two(v, lane, rows)));
+        Func prev = q.lane_absmax;
+        for (int bit = 1; bit < L; bit *= 2) {
+            Partner p = partner(lane, bit, L, layout.partner_by_index);
+            Func stage{"absmax_warp_lanes" + std::to_string(bit)};
+            Expr other = p.read([&](Expr i) { return prev(with_two(v, i, rows)); });
+            stage(lane_args(v, lane, rows)) = arith.max_min.max(prev(with_two(v, lane, rows)), other);
+            q.absmax_stages.push_back(stage);
+            prev = stage;
+        }
+        row_max = prev(with_two(0, lane, rows));
+        for (int w = 1; w < V; w++) {
+            row_max = arith.max_min.max(row_max, prev(with_two(w, lane, rows)));
+        }
+    } else {
+        Expr lane_max = abs_f32(x(with_two(0, lane, rows)));
+        for (int i = 1; i < V; i++) {
+            lane_max = arith.max_min.max(lane_max, abs_f32(x(with_two(i, lane, rows))));
+        }
+        q.lane_absmax = Func{"lane_absmax"};
+        q.lane_absmax(lane_args(lane, rows)) = lane_max;
+        Func prev = q.lane_absmax;
+        for (int bit = 1; bit < L; bit *= 2) {
+            Partner p = partner(lane, bit, L, layout.partner_by_index);
+            Func stage{"absmax_lanes" + std::to_string(bit)};
+            Expr other = p.read([&](Expr i) { return prev(with_first(i, rows)); });
+            stage(lane_args(lane, rows)) = arith.max_min.max(prev(with_first(lane, rows)), other);
+            q.absmax_stages.push_back(stage);
+            prev = stage;
+        }
+        row_max = prev(with_first(lane, rows));
     }
     q.lane_scale = Func{"lane_fp8_scale"};
-    q.lane_scale(lane_args(lane, rows)) = fp8_scale(prev(with_first(lane, rows)), round_scale, arith.max_min);
+    q.lane_scale(lane_args(lane, rows)) = fp8_scale(row_max, round_scale, arith.max_min);
     q.scale = Func{"fp8_scale"};
     q.scale(with_d(d, rows)) = q.lane_scale(with_first(layout.lane_of(d), rows));
     q.codes = Func{"e4m3_codes"};

@@ -40,6 +40,12 @@ struct RowLayout {
     // of which a select keeps one (contiguous vector loads on a CPU).
     bool partner_by_index = false;
     int run = 1;  // a power of two dividing values_per_lane
+    // Each of a lane's values in a warp of its own: v is the warp of a block
+    // of values_per_lane warps, a thread holds one element (with run = 1,
+    // d = v * 32 + lane). The butterflies pairing values then pair warps
+    // (shared memory on a GPU), and the absmax folds each warp's lanes
+    // before the warps (max's order is free).
+    bool values_are_warps = false;
     int lanes() const { return kHeadDim / values_per_lane; }
     Expr element(Expr v, Expr lane) const { return ((v / run) * lanes() + lane) * run + v % run; }
     Expr lane_of(Expr d) const { return (d / run) % lanes(); }
@@ -64,8 +70,8 @@ Hadamard128 hadamard128_of_lanes(Func input, const Var &v, const Var &lane, cons
 // absmax is a max over each lane's values, then a butterfly over lanes after
 // which every lane holds the row's absmax.
 struct Fp8Row {
-    Func lane_absmax;                // (lane, rows...)
-    std::vector<Func> absmax_stages;  // butterfly over lanes
+    Func lane_absmax;                // (lane, rows...); with values_are_warps each |x| (v, lane, rows...)
+    std::vector<Func> absmax_stages;  // butterfly over lanes (with values_are_warps, each warp's)
     Func lane_scale;                 // (lane, rows...) f32, equal on every lane
     Func scale;                      // (d, rows...) f32: the row's scale, seen from element d
     Func quotient;                   // (d, rows...) f32: x / scale, before the e4m3 encoder clamps it

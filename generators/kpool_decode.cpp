@@ -119,10 +119,11 @@ DecodeTokens batched_tokens(DecodeWriteArguments &in) {
 // (clamp_token_and_request).
 // vector_rows: the kernel reads a lane's run of a row as one vector (its
 // rows aligned), so a member chosen by a branch is one load.
+// row_over_warps: a row over a block's warps (DecodeLayout::BlockPerRequest).
 template <typename Args>
 void define_completions(DecodeWriteStages &s, Args &in, const DecodeTokens &tokens,
                         GeneratorOutput<Func> &cache, int P, const BuildPlan &plan, Arithmetic arithmetic,
-                        bool requests_in_blocks = true, bool vector_rows = false) {
+                        bool requests_in_blocks = true, bool vector_rows = false, bool row_over_warps = false) {
     Expr ring = in.tail.dim(1).extent();
     // Ring and cache page both powers of two (the engines' case): every
     // division of the kernel by shifts, in the kernel a schedule specializes
@@ -164,7 +165,7 @@ void define_completions(DecodeWriteStages &s, Args &in, const DecodeTokens &toke
     Expr from = clamp(writer, 0, next_n - 1);
     Expr current = s.j == P - 1;
     const Arithmetic arith = arithmetic_for(arithmetic, plan.target);
-    const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Decode, arith, vector_rows});
+    const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Decode, arith, vector_rows, row_over_warps});
     // A member is this call's input of its token (the current one, or the
     // earlier one that stashed it) or else the ring's: where the family
     // branches (ScheduleDecisions), one load of the one source.
@@ -312,7 +313,8 @@ public:
     GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
     GeneratorParam<DecodeLayout> layout{"layout", DecodeLayout::WarpPerToken,
                                         {{"warp_per_token", DecodeLayout::WarpPerToken},
-                                         {"warp_per_request", DecodeLayout::WarpPerRequest}}};
+                                         {"warp_per_request", DecodeLayout::WarpPerRequest},
+                                         {"block_per_request", DecodeLayout::BlockPerRequest}}};
     // Every bf16 row (key, slot_score, the ring) starts 8-byte aligned,
     // ape is dense from a 16-byte-aligned base and every row of codes
     // 4-byte aligned (the runtime checks before it picks such a kernel): a
@@ -326,11 +328,11 @@ public:
 
     void generate() {
         const DecodeTokens tokens = in.tokens();
-        // A warp per token runs a block per request (schedules/cuda/decode.cpp): its
-        // request loop is the grid, never rounded up.
-        const bool requests_in_blocks = layout != DecodeLayout::WarpPerToken;
+        // A warp per token and a block per request run a block per request:
+        // their request loop is the grid, never rounded up.
+        const bool requests_in_blocks = layout == DecodeLayout::WarpPerRequest;
         define_completions(stages.write, in, tokens, cache, pool_size, this->build_plan(), arithmetic,
-                           requests_in_blocks, aligned_rows);
+                           requests_in_blocks, aligned_rows, layout == DecodeLayout::BlockPerRequest);
         // The stashes read a request's per-token indices through one table
         // (a schedule may load it once per call: all three indices, the
         // completions reading the same words).

@@ -95,6 +95,9 @@ struct KernelAsked {
     // A words kernel: a lane's values of a row move as aligned words
     // (compress's CompressLaneLoads, decode's aligned_rows).
     bool words = false;
+    // Decode's block per request: a completion's row over the warps of a
+    // block, an element a thread (RowLayout::values_are_warps).
+    bool row_over_warps = false;
     bool is_row_kernel() const { return kind != Kind::SeedTail; }
 };
 
@@ -220,8 +223,10 @@ struct DecodeStashStages {
 // choice; the algorithm is the same): a block per request, a warp per token
 // (every completion of a request at once: long calls), or a warp per
 // request, its tokens in a loop (many requests with few tokens each, where
-// a block per request would leave most warps idle).
-enum class DecodeLayout { WarpPerToken, WarpPerRequest };
+// a block per request would leave most warps idle), or a block per request
+// whose four warps share each completion, a dim a thread, its tokens in a
+// loop (the reference's shape: a completion's latency over 128 threads).
+enum class DecodeLayout { WarpPerToken, WarpPerRequest, BlockPerRequest };
 
 // Decode in one kernel: the completions (`write`) and the stashes (`tail`
 // over `stash`: (d, token, request, half), named and ordered as `write`).

@@ -12,6 +12,7 @@
 #include "cuda_module_loader.h"
 #include "dispatch.h"
 #include "errors.h"
+#include "ops/decode_layouts.h"
 #include "ops/ops.h"
 #include "validate.h"
 
@@ -120,6 +121,24 @@ KPOOL_WARM_UP(warm_up_compress_tokens_from_ring) {
                                     &exec);
 }
 
+// The layout a decode kind's warm-up call is run in (the rule's, for the
+// kinds that have none of their own).
+DecodeLayoutChoice decode_layout_of(Kernel kind) {
+    switch (kind) {
+    case Kernel::DECODE_UPDATE:
+    case Kernel::DECODE_UPDATE_RAGGED:
+        return DecodeLayoutChoice::warp_per_token;
+    case Kernel::DECODE_UPDATE_BY_REQUEST:
+    case Kernel::DECODE_UPDATE_RAGGED_BY_REQUEST:
+        return DecodeLayoutChoice::warp_per_request;
+    case Kernel::DECODE_UPDATE_BY_BLOCK:
+    case Kernel::DECODE_UPDATE_RAGGED_BY_BLOCK:
+        return DecodeLayoutChoice::block_per_request;
+    default:
+        return DecodeLayoutChoice::rule;
+    }
+}
+
 KPOOL_WARM_UP(warm_up_decode) {
     const int P = pool_size_of(v);
     // At least two tokens, so every token loop runs; 64 tokens of one
@@ -129,6 +148,7 @@ KPOOL_WARM_UP(warm_up_decode) {
     // completions kernel of a cache in windows (decode_write_cache).
     const int64_t N = v.kind == Kernel::DECODE_UPDATE ? 64 : 2;
     const int64_t blocks = v.kind == Kernel::DECODE_STASH_TAIL ? 0 : v.kind == Kernel::DECODE_WRITE_CACHE ? 2 : 1;
+    const ScopedDecodeLayout layout(decode_layout_of(v.kind));
     const ScopedLaunchSpan span(v.kind == Kernel::DECODE_WRITE_CACHE ? KPOOL_CACHE_ROW_BYTES : 0);
     const kpool_dtype index = index_dtype(v.type);
     const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {blocks, 1, KPOOL_CACHE_ROW_BYTES}),
@@ -145,6 +165,7 @@ KPOOL_WARM_UP(warm_up_ragged_decode) {
     // One request of two tokens; 64 take the warp-per-token layout
     // where the family runs it (decode.cpp).
     const int64_t T = v.kind == Kernel::DECODE_UPDATE_RAGGED ? 64 : 2;
+    const ScopedDecodeLayout layout(decode_layout_of(v.kind));
     const kpool_dtype index = index_dtype(v.type);
     const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
                        tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}), tsm = tensor(index, {T}),

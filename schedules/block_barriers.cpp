@@ -210,7 +210,7 @@ private:
             bindings.push_back(std::make_unique<ScopedBinding<>>(!uniform(l->value), varying_, l->name));
         }
         std::vector<Stmt> kept = drop_private_ ? drop_barriers(items) : items;
-        std::vector<Stmt> wrapped = wrap_uniform_runs(kept);
+        std::vector<Stmt> wrapped = guard_last_barrier(wrap_uniform_runs(kept));
         Stmt result = Block::make(wrapped);
         for (auto l = lets.rbegin(); l != lets.rend(); ++l) {
             result = LetStmt::make((*l)->name, (*l)->value, result);
@@ -359,6 +359,37 @@ private:
             i = end;
         }
         return out;
+    }
+
+    // The iteration's last barrier orders what this iteration did before
+    // what the next one does. Where every other statement of the iteration
+    // runs under block-uniform guards, an iteration in which none of them
+    // holds did nothing to order: the barrier goes under the disjunction of
+    // the statements' guards (each the conjunction of its own), uniform too.
+    // So a decode token that completes nothing passes no barrier at all.
+    std::vector<Stmt> guard_last_barrier(std::vector<Stmt> items) const {
+        if (items.size() < 2 || !is_barrier(items.back())) {
+            return items;
+        }
+        Expr any_ran;
+        for (size_t i = 0; i + 1 < items.size(); ++i) {
+            if (is_barrier(items[i])) {
+                continue;  // (passed by every thread or by none: orders nothing by itself)
+            }
+            const std::vector<Expr> guards = uniform_guards(items[i]);
+            if (guards.empty()) {
+                return items;
+            }
+            Expr all = guards[0];
+            for (size_t k = 1; k < guards.size(); ++k) {
+                all = all && guards[k];
+            }
+            any_ran = any_ran.defined() ? (any_ran || all) : all;
+        }
+        if (any_ran.defined()) {
+            items.back() = IfThenElse::make(any_ran, items.back());
+        }
+        return items;
     }
 
     const KernelMemory &memory_;

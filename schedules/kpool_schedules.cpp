@@ -25,13 +25,16 @@ ScheduleDecisions schedule_decisions(const BuildPlan &plan, const KernelAsked &k
         d.layout = gpu_layout ? cuda::row_layout(plan, kernel) : cpu::row_layout(plan, kernel);
     }
     d.exp_branches = cuda;
-    d.member_branches = cuda && kernel.kind == KernelAsked::Kind::Decode && kernel.words;
+    // (A block per request's thread loads one element of a member: a
+    // branch on its source, the same for the block, is one load, not two.)
+    d.member_branches = cuda && kernel.kind == KernelAsked::Kind::Decode && (kernel.words || kernel.row_over_warps);
     // The exps are most of the exact arithmetic's instructions. Decode takes
     // the fma path in its words kernels only: element by element, the
     // warp-per-token kernels sit at the 128-register cap, where its f64
     // coefficients spill (P=8: 8 bytes, sm90).
+    // (A block per request pools one element a thread: registers to spare.)
     d.exp_fma_fast_path = cuda && (kernel.kind == KernelAsked::Kind::Compress ||
-                                   (kernel.kind == KernelAsked::Kind::Decode && kernel.words));
+                                   (kernel.kind == KernelAsked::Kind::Decode && (kernel.words || kernel.row_over_warps)));
     d.e4m3 = cuda ? cuda::e4m3_encoder(plan) : E4m3Encoder::Integer;
     d.seed_group_size = cuda ? cuda::seed_group_size(plan) : 1;
     return d;

@@ -15,7 +15,8 @@
 //   test_gpu_compress.cpp  GpuCompress, GpuTritonArithmetic
 //   test_gpu_seed.cpp      GpuSeed
 //   test_gpu_decode.cpp    GpuDecode, GpuDecodeManyRequests,
-//                          GpuDecodeSharedTailBlock
+//                          GpuDecodeSharedTailBlock, GpuDecodeByBlock (the
+//                          block-per-request layout forced)
 //   test_gpu_expand.cpp    GpuExpandAndAppend, GpuExpandToTokens, GpuAppendTail,
 //                          GpuExpandManyRows
 //                          engine-shaped random inputs for every op and the

@@ -4,13 +4,17 @@
 // (two kernels), bit for bit: GpuDecode over the axes an engine varies (both
 // layouts), GpuDecodeUnalignedRows the warp-per-token kernel for rows that
 // are not 8-byte words at every P, GpuDecodeManyRequests past grid y,
-// GpuDecodeSharedTailBlock the cross-request rule of docs/behaviour.md.
+// GpuDecodeSharedTailBlock the cross-request rule of docs/behaviour.md,
+// GpuDecodeByBlock the block-per-request layout (a completion over four
+// warps) forced, against the CPU and against the other layouts.
 #include <algorithm>
 #include <random>
 #include <string>
 #include <tuple>
 
+#include "dispatch.h"
 #include "gpu_fixtures.h"
+#include "ops/decode_layouts.h"
 
 namespace kpool_test {
 namespace {
@@ -210,6 +214,112 @@ TEST_P(GpuDecodeSharedTailBlock, ReadingAnothersStashLeavesOnlyThatRowOpen) {
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecodeSharedTailBlock, ValuesIn(kGpuPoolSizes),
                          [](const auto &info) { return "P" + std::to_string(info.param); });
+
+// The block-per-request layout (a completion over a block's four warps,
+// schedules/cuda/decode_block.cpp), forced for every call of the test:
+// against the CPU in the exact arithmetic, and against the other two
+// layouts in the reference's (the same instructions in the same order:
+// the same bytes), batched and ragged.
+using GpuDecodeByBlockParam = std::tuple<int, int>;  // P, next_n
+class GpuDecodeByBlock : public GpuParamTest<GpuDecodeByBlockParam> {};
+
+using kpool::rt::DecodeLayoutChoice;
+using kpool::rt::ScopedDecodeLayout;
+
+// Whether every built family has the block-per-request kernels of pool size
+// P for int32 indices (a forced layout without its kernel would run another).
+bool block_kernels_built(int P) {
+    namespace rt = kpool::rt;
+    bool built = true;
+    for (const rt::Kernel kind : {rt::Kernel::DECODE_UPDATE_BY_BLOCK, rt::Kernel::DECODE_UPDATE_RAGGED_BY_BLOCK}) {
+        for (const rt::Arithmetic arith : {rt::Arithmetic::exact, rt::Arithmetic::triton}) {
+#define KPOOL_TEST_FAMILY(name, capability) \
+    built = built && rt::find_kernel({rt::Family::name, kind, P, rt::ElementType::int32, arith}) != nullptr;
+            KPOOL_FOR_EACH_CUDA_FAMILY(KPOOL_TEST_FAMILY)
+#undef KPOOL_TEST_FAMILY
+        }
+    }
+    return built;
+}
+
+TEST_P(GpuDecodeByBlock, MatchesCpu) {
+    const auto [P, N] = GetParam();
+    ASSERT_TRUE(block_kernels_built(P)) << "no block-per-request kernel of P = " << P;
+    const ScopedDecodeLayout layout(DecodeLayoutChoice::block_per_request);
+    for (const int ring_mult : {1, 2, 3}) {
+        SCOPED_TRACE("ring " + std::to_string(ring_mult) + "P");
+        // (Enough requests that some complete a pool at every next_n.)
+        const int64_t ring = int64_t(P) * ring_mult, B = N <= 4 ? 64 : 17, tail_blocks = B + 4;
+        const bool padded = ring_mult == 2, round_scale = ring_mult != 3;
+        const int block_size = padded ? 64 : 16;
+        const int64_t num_blocks = std::max<int64_t>(4, (2 * B * N) / block_size + 2);
+        std::mt19937 rng(7000 + P * 31 + ring_mult * 7 + N);
+        DecodeCase d(gpu(), rng, B, N, P, ring, tail_blocks, num_blocks, block_size, padded);
+        run_both([&, P = P](Side s, const kpool_exec *ex, kpool_status *st) { return d.call(s, P, round_scale, ex, st); },
+                 {{"kv_cache", &d.cache}, {"tail_kv_cache", &d.tail}});
+        EXPECT_TRUE(d.tail.cpu().bytes() != d.tail0.bytes()) << "the test stashed nothing";
+        EXPECT_TRUE(d.cache.cpu().bytes() != d.cache0.bytes()) << "the test completed no pool";
+    }
+}
+
+TEST_P(GpuDecodeByBlock, EqualsTheOtherLayoutsInTheReferenceArithmetic) {
+    const auto [P, N] = GetParam();
+    ASSERT_TRUE(block_kernels_built(P)) << "no block-per-request kernel of P = " << P;
+    const int64_t ring = 2 * int64_t(P), B = N <= 4 ? 64 : 17, tail_blocks = B + 4, block_size = 16;
+    const int64_t num_blocks = std::max<int64_t>(4, (2 * B * N) / block_size + 2);
+    std::mt19937 rng(7300 + P * 31 + N);
+    DecodeCase d(gpu(), rng, B, N, P, ring, tail_blocks, num_blocks, block_size, /*padded=*/false);
+    const kpool_exec triton{nullptr, KPOOL_ARITHMETIC_TRITON, nullptr};
+    std::vector<std::vector<uint8_t>> caches, tails;
+    for (const DecodeLayoutChoice choice :
+         {DecodeLayoutChoice::block_per_request, DecodeLayoutChoice::warp_per_request, DecodeLayoutChoice::warp_per_token}) {
+        const ScopedDecodeLayout layout(choice);
+        d.cache.assign(d.cache0), d.tail.assign(d.tail0);
+        d.cache.upload(), d.tail.upload();
+        kpool_status st{};
+        ASSERT_EQ(d.call(Side::Gpu, P, true, &triton, &st), KPOOL_OK) << st.message;
+        d.cache.download(), d.tail.download();
+        caches.push_back(d.cache.gpu_host());
+        tails.push_back(d.tail.gpu_host());
+    }
+    EXPECT_TRUE(caches[0] != d.cache0.bytes()) << "the test completed no pool";
+    for (size_t other = 1; other < caches.size(); ++other) {
+        SCOPED_TRACE(other == 1 ? "against a warp per request" : "against a warp per token");
+        EXPECT_TRUE(same_bytes("kv_cache (block per request vs the other layout)", caches[other], caches[0]));
+        EXPECT_TRUE(same_bytes("tail_kv_cache (block per request vs the other layout)", tails[other], tails[0]));
+    }
+}
+
+// The ragged decode (flat tokens, query_start_loc) in the block layout:
+// requests of 0 to N tokens, against the CPU (which pads on the host).
+TEST_P(GpuDecodeByBlock, RaggedMatchesCpu) {
+    const auto [P, N] = GetParam();
+    ASSERT_TRUE(block_kernels_built(P)) << "no block-per-request kernel of P = " << P;
+    const ScopedDecodeLayout layout(DecodeLayoutChoice::block_per_request);
+    std::mt19937 rng(7600 + P * 31 + N);
+    const int64_t B = 40, ring = 2 * P, tail_blocks = 48, block_size = 64, num_blocks = 8;
+    const RaggedBatch r = make_ragged_batch(rng, B, N, P, ring, tail_blocks, block_size * num_blocks, KPOOL_DTYPE_INT32, 3);
+    const HostTensor cache0 = random_bytes_like(rng, make_kv_cache(num_blocks, block_size, true));
+    HostTensor tail0 = make_tail_cache(tail_blocks, ring, true);
+    fill_normal(tail0, rng);
+    Mirrored cache(gpu(), cache0), tail(gpu(), tail0), tsm(gpu(), r.tail_slot_mapping), key(gpu(), r.key),
+        score(gpu(), r.slot_score), ape(gpu(), r.ape), sm(gpu(), r.slot_mapping), pos(gpu(), r.positions),
+        qsl(gpu(), r.query_start_loc);
+    run_both(
+        [&, P = P](Side s, const kpool_exec *ex, kpool_status *st) {
+            return kpool_decode_update_and_maybe_write_cache_ragged(cache.on(s), tail.on(s), tsm.on(s), key.on(s),
+                                                                    score.on(s), ape.on(s), sm.on(s), pos.on(s),
+                                                                    qsl.on(s), 0, P, kD, 1, ex, st);
+        },
+        {{"kv_cache", &cache}, {"tail_kv_cache", &tail}});
+    EXPECT_TRUE(tail.cpu().bytes() != tail0.bytes()) << "the test stashed nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecodeByBlock, Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 3, 4, 7, 20)),
+                         [](const auto &info) {
+                             return "P" + std::to_string(std::get<0>(info.param)) + "_n" +
+                                    std::to_string(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace kpool_test

@@ -16,20 +16,48 @@
 namespace kpool::rt {
 namespace {
 
-// The one-kernel decode's layout for a call: the family's rule
-// (decode_layouts.h). In a build with KPOOL_MEASUREMENT_HOOKS,
-// $KPOOL_DECODE_LAYOUT (warp_per_token or warp_per_request, read once) runs
-// every call in one layout, to time both; a release build reads nothing.
-Kernel decode_update_layout(Family family, Arithmetic arithmetic, int pool_size, int64_t next_n) {
+thread_local DecodeLayoutChoice decode_layout_on_this_thread = DecodeLayoutChoice::rule;
+
 #ifdef KPOOL_MEASUREMENT_HOOKS
-    static const char *const asked = std::getenv("KPOOL_DECODE_LAYOUT");
-    if (asked != nullptr && std::strcmp(asked, "warp_per_token") == 0) {
-        return Kernel::DECODE_UPDATE;
+DecodeLayoutChoice decode_layout_from_environment() {
+    const char *asked = std::getenv("KPOOL_DECODE_LAYOUT");
+    if (asked == nullptr) {
+        return DecodeLayoutChoice::rule;
     }
-    if (asked != nullptr && std::strcmp(asked, "warp_per_request") == 0) {
-        return Kernel::DECODE_UPDATE_BY_REQUEST;
+    for (auto [name, layout] : {std::pair{"warp_per_token", DecodeLayoutChoice::warp_per_token},
+                                {"warp_per_request", DecodeLayoutChoice::warp_per_request},
+                                {"block_per_request", DecodeLayoutChoice::block_per_request}}) {
+        if (std::strcmp(asked, name) == 0) {
+            return layout;
+        }
+    }
+    return DecodeLayoutChoice::rule;
+}
+#endif
+
+// The one-kernel decode's layout for a call: a ScopedDecodeLayout's on this
+// thread; in a build with KPOOL_MEASUREMENT_HOOKS, $KPOOL_DECODE_LAYOUT
+// (warp_per_token, warp_per_request or block_per_request, read once), to
+// time each; else the family's rule (decode_layouts.h). A release build
+// reads no environment.
+Kernel decode_update_layout(Family family, Arithmetic arithmetic, int pool_size, int64_t next_n) {
+    DecodeLayoutChoice forced = decode_layout_on_this_thread;
+#ifdef KPOOL_MEASUREMENT_HOOKS
+    static const DecodeLayoutChoice from_environment = decode_layout_from_environment();
+    if (forced == DecodeLayoutChoice::rule) {
+        forced = from_environment;
     }
 #endif
+    switch (forced) {
+    case DecodeLayoutChoice::warp_per_token:
+        return Kernel::DECODE_UPDATE;
+    case DecodeLayoutChoice::warp_per_request:
+        return Kernel::DECODE_UPDATE_BY_REQUEST;
+    case DecodeLayoutChoice::block_per_request:
+        return Kernel::DECODE_UPDATE_BY_BLOCK;
+    case DecodeLayoutChoice::rule:
+        break;
+    }
     const DecodeLayoutRule *rule = &kDecodeLayoutRules[std::size(kDecodeLayoutRules) - 1];
     for (const DecodeLayoutRule &r : kDecodeLayoutRules) {
         if (std::strcmp(r.family, name(family)) == 0) {
@@ -38,6 +66,11 @@ Kernel decode_update_layout(Family family, Arithmetic arithmetic, int pool_size,
         }
     }
     const bool exact = arithmetic == Arithmetic::exact;
+    const int block_min_pool = exact ? rule->exact_block_min_pool : rule->block_min_pool;
+    if (block_min_pool > 0 && pool_size >= block_min_pool &&
+        next_n >= (exact ? rule->exact_block_min_next_n : rule->block_min_next_n)) {
+        return Kernel::DECODE_UPDATE_BY_BLOCK;
+    }
     const bool per_token = pool_size <= (exact ? rule->exact_max_pool : rule->max_pool) &&
                            next_n >= (exact ? rule->exact_min_next_n : rule->min_next_n);
     return per_token ? Kernel::DECODE_UPDATE : Kernel::DECODE_UPDATE_BY_REQUEST;
@@ -49,6 +82,12 @@ Kernel decode_update_layout(Family family, Arithmetic arithmetic, int pool_size,
 constexpr int64_t kMaxTokensPerRequestLayout = 2048;
 
 }  // namespace
+
+ScopedDecodeLayout::ScopedDecodeLayout(DecodeLayoutChoice layout) : previous_(decode_layout_on_this_thread) {
+    decode_layout_on_this_thread = layout;
+}
+
+ScopedDecodeLayout::~ScopedDecodeLayout() { decode_layout_on_this_thread = previous_; }
 
 void require_int32_positions(const TensorArg &positions) {
     for (int64_t i = 0; positions.t->dtype == KPOOL_DTYPE_INT64 && i < positions.numel(); i++) {
@@ -150,6 +189,9 @@ int64_t decode_update_and_maybe_write_cache_batched(
         if (layout == Kernel::DECODE_UPDATE_BY_REQUEST && aligned && key.dim(1) <= kMaxTokensPerRequestLayout &&
             where.has_kernel(Kernel::DECODE_UPDATE_BY_REQUEST, pool_size, indices)) {
             launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_BY_REQUEST>());
+        } else if (layout == Kernel::DECODE_UPDATE_BY_BLOCK &&
+                   where.has_kernel(Kernel::DECODE_UPDATE_BY_BLOCK, pool_size, indices)) {
+            launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_BY_BLOCK>());  // any strides
         } else {
             launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE>());
         }
@@ -318,6 +360,9 @@ int64_t decode_update_and_maybe_write_cache_ragged(
     if (layout == Kernel::DECODE_UPDATE_BY_REQUEST && aligned && bound <= kMaxTokensPerRequestLayout &&
         where.has_kernel(Kernel::DECODE_UPDATE_RAGGED_BY_REQUEST, pool_size, index)) {
         launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_RAGGED_BY_REQUEST>());
+    } else if (layout == Kernel::DECODE_UPDATE_BY_BLOCK &&
+               where.has_kernel(Kernel::DECODE_UPDATE_RAGGED_BY_BLOCK, pool_size, index)) {
+        launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_RAGGED_BY_BLOCK>());
     } else {
         launch(std::integral_constant<Kernel, Kernel::DECODE_UPDATE_RAGGED>());
     }

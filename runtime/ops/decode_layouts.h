@@ -1,11 +1,14 @@
-// The runtime's policy for the one-kernel decode's two layouts
-// (DecodeLayout, schedules/cuda/decode.cpp): per call, a warp per token (a
-// block per request) for pools up to max_pool and at least min_next_n
-// tokens per request, otherwise a warp per request; the exact_ pair the same
-// in the exact arithmetic. A policy of the runtime, not a schedule knob: no
+// The runtime's policy for the one-kernel decode's three layouts
+// (DecodeLayout, schedules/cuda/decode.cpp): per call, a block per request
+// whose four warps share each completion (schedules/cuda/decode_block.cpp)
+// for pools of at least block_min_pool (0: never) and at least
+// block_min_next_n tokens per request; else a warp per token (a block per
+// request) for pools up to max_pool and at least min_next_n tokens per
+// request, otherwise a warp per request; the exact_ values the same in the
+// exact arithmetic. A policy of the runtime, not a schedule knob: no
 // kernel is built from it, so the tuner cannot measure it; a build with
 // KPOOL_MEASUREMENT_HOOKS runs every call in one layout
-// ($KPOOL_DECODE_LAYOUT), which is how both are timed (docs/benchmarks.md).
+// ($KPOOL_DECODE_LAYOUT), which is how each is timed (docs/benchmarks.md).
 #pragma once
 
 namespace kpool::rt {
@@ -14,6 +17,8 @@ struct DecodeLayoutRule {
     const char *family;  // a GPU family's name; "" for every family without a row
     int max_pool, min_next_n;
     int exact_max_pool, exact_min_next_n;
+    int block_min_pool, block_min_next_n;
+    int exact_block_min_pool, exact_block_min_next_n;
 };
 
 // The first row naming the device's family, else the last ("").
@@ -25,9 +30,31 @@ struct DecodeLayoutRule {
 // against 11.98 us, 512 x 4 9.98 against 14.04), a warp per request only
 // where a lone request completes nothing (1 x 1: 1.87 against 2.34).
 // Other families are unmeasured and take sm90's rule.
+// The block per request is not yet timed: taken at P >= 16 in both
+// arithmetics, where the other layouts lag the reference most (H100, P = 16
+// 64 x 2: 5.23 against 2.69 us; a block of four warps does in three block
+// exchanges what one warp did alone), P = 4 and 8 left to the GPU sweep
+// (docs/benchmarks.md).
 inline constexpr DecodeLayoutRule kDecodeLayoutRules[] = {
-    {"sm90", 4, 4, 16, 1},
-    {"", 4, 4, 16, 1},
+    {"sm90", 4, 4, 16, 1, 16, 1, 16, 1},
+    {"", 4, 4, 16, 1, 16, 1, 16, 1},
+};
+
+// The layouts a call may be forced into; `rule`: the table's choice.
+enum class DecodeLayoutChoice { rule, warp_per_token, warp_per_request, block_per_request };
+
+// While one lives, the decode calls of its thread take `layout` (where its
+// kernel is built and takes the call's rows; else the rule's): the GPU
+// tests run each layout, the warm-up loads each (decode.cpp).
+class ScopedDecodeLayout {
+public:
+    explicit ScopedDecodeLayout(DecodeLayoutChoice layout);
+    ~ScopedDecodeLayout();
+    ScopedDecodeLayout(const ScopedDecodeLayout &) = delete;
+    ScopedDecodeLayout &operator=(const ScopedDecodeLayout &) = delete;
+
+private:
+    DecodeLayoutChoice previous_;
 };
 
 }  // namespace kpool::rt

@@ -5,6 +5,7 @@
 // instructions.
 #include "block_barriers.h"
 #include "cuda.h"
+#include "decode_block.h"
 #include "plan.h"
 #include "warp_helpers.h"
 
@@ -212,9 +213,17 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     DecodeWriteStages &w = s.write;
     DecodeStashStages &st = s.stashes;
     const bool per_request = s.layout == DecodeLayout::WarpPerRequest;
+    const bool per_block = s.layout == DecodeLayout::BlockPerRequest;
     const int requests = plan.decode_block_requests(per_request);
     RVar request_block{"request_block"};
-    Stage completions = schedule_completions(w, plan, per_request, s.aligned_rows);
+    const bool exact = w.compress.pool.arithmetic == Arithmetic::Exact;
+    Stage completions =
+        per_block ? schedule_block_completions(
+                        w, exact ? BlockSlotFolds{plan.decode_unrolled_exact_slots, plan.decode_exact_slot_group}
+                                 : BlockSlotFolds{plan.decode_block_unrolled_slots, plan.decode_block_unrolled_slots})
+                  : schedule_completions(w, plan, per_request, s.aligned_rows);
+    // A block per request stashes a token a warp (the completions' threads).
+    const int stash_tokens = per_block ? kBlockWarps : plan.decode_tokens_per_block;
     RVar stash_lane{"stash_lane"}, stash_v{"stash_v"}, stash_chunk{"stash_chunk"}, stash_token{"stash_token"};
     RVar stash_request{"stash_request"};
     pure_stage_on_gpu(st.tail);
@@ -242,7 +251,7 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
         st.overwritten.compute_at(st.tail, stash_token);
     } else {
         stashes
-            .split(st.stash.y, stash_chunk, stash_token, plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
+            .split(st.stash.y, stash_chunk, stash_token, stash_tokens, TailStrategy::GuardWithIf)
             .reorder(stash_v, st.stash[3], stash_lane, stash_token, stash_chunk, stash_request, request_block)
             .gpu_threads(stash_lane, stash_token);
         st.overwritten.compute_at(st.tail, stash_lane);  // each thread its token's

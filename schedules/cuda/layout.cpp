@@ -2,6 +2,7 @@
 // (ScheduleDecisions, kpool_schedules.cpp): a row kernel's layout in the
 // lanes of a warp, and how e4m3 codes are made.
 #include "cuda.h"
+#include "decode_block.h"
 #include "plan.h"
 
 #include <string>
@@ -30,6 +31,9 @@ RowLayout row_layout(const BuildPlan &build, const KernelAsked &kernel) {
                                                          : plan.compress_values;
         break;
     case KernelAsked::Kind::Decode:
+        if (kernel.row_over_warps) {
+            return block_row_layout();  // decode_block.cpp
+        }
         values = kDecodeValues;
         break;
     case KernelAsked::Kind::SeedTail:  // not a row kernel

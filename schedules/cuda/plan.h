@@ -63,6 +63,11 @@ struct CudaPlan : KnobReader {
     int decode_tokens_per_block = knob("decode.tokens_per_block");
     // Decode's warp-per-request layout: requests (warps) per block.
     int decode_requests_per_block = knob("decode.requests_per_block");
+    // Decode's block-per-request layout (a dim a thread) unrolls its slot
+    // folds up to this many slots in the triton arithmetic, past it in
+    // unrolled groups of that many (the exact arithmetic: as the exact pool
+    // per element, decode.unrolled_exact_slots and exact_slot_group).
+    int decode_block_unrolled_slots = knob("decode.block_unrolled_slots");
     // A decode block's requests: that knob's in the warp-per-request layout, one otherwise.
     int decode_block_requests(bool per_request) const { return per_request ? decode_requests_per_block : 1; }
     // A warp per request stashes its tokens in chunks of this many: a

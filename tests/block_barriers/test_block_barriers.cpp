@@ -105,7 +105,7 @@ bool is_barrier(const Stmt &s) { return barriers_in(s) == 1 && s.as<Evaluate>();
 // flags(t) != 0: a load of an input the kernel never stores, uniform.
 Expr completes() { return load("flags", Int(32), token()) != 0; }
 
-TEST(BlockUniformBarriers, WrapsARunUnderOneUniformGuardAndKeepsTheIterationsLastBarrier) {
+TEST(BlockUniformBarriers, WrapsARunUnderOneUniformGuardAndGuardsTheIterationsLastBarrier) {
     const Expr g = Variable::make(Bool(), "completes");
     const Stmt k = kernel({stage("a", g), stage("b", g && thread() < 32), stage("s", g),
                            stage("out", g, load("s", Float(32), thread()))},
@@ -116,7 +116,36 @@ TEST(BlockUniformBarriers, WrapsARunUnderOneUniformGuardAndKeepsTheIterationsLas
     ASSERT_NE(run, nullptr);
     EXPECT_TRUE(equal(run->condition, g));
     EXPECT_EQ(barriers_in(run->then_case), 3);  // all kept: drop_private false
-    EXPECT_TRUE(is_barrier(top[1]));
+    // The iteration's last: under the run's guard (an iteration that skips
+    // the run did nothing to order).
+    const IfThenElse *last = top[1].as<IfThenElse>();
+    ASSERT_NE(last, nullptr);
+    EXPECT_TRUE(equal(last->condition, g));
+    EXPECT_TRUE(is_barrier(last->then_case));
+}
+
+// Two runs under different uniform guards: the iteration's last barrier
+// under either (the first may run without the second); a statement under
+// no uniform guard leaves it as it is.
+TEST(BlockUniformBarriers, GuardsTheIterationsLastBarrierOnlyWhereEveryStatementIsGuarded) {
+    const Expr g = Variable::make(Bool(), "completes"), h = Variable::make(Bool(), "writes");
+    const std::vector<std::pair<std::string, Expr>> lets = {{"completes", completes()},
+                                                            {"writes", load("flags", Int(32), token() + 1) > 0}};
+    const Stmt k = kernel({stage("s", g), stage("a", g, load("s", Float(32), thread())), stage("s", h),
+                           stage("out", h, load("s", Float(32), thread()))},
+                          lets);
+    const std::vector<Stmt> top = token_loop(k, false);
+    ASSERT_EQ(top.size(), 3u);
+    const IfThenElse *last = top[2].as<IfThenElse>();
+    ASSERT_NE(last, nullptr);
+    EXPECT_TRUE(equal(last->condition, g || h));
+    EXPECT_TRUE(is_barrier(last->then_case));
+
+    const Stmt unguarded = kernel({stage("s", g), stage("a", g, load("s", Float(32), thread())),
+                                   stage("b", thread() < 32)},
+                                  lets);
+    const std::vector<Stmt> top2 = token_loop(unguarded, false);
+    EXPECT_TRUE(is_barrier(top2.back()));
 }
 
 TEST(BlockUniformBarriers, DropsOnlyBarriersBetweenRunsInTheirThreadsOwnMemory) {
@@ -131,7 +160,8 @@ TEST(BlockUniformBarriers, DropsOnlyBarriersBetweenRunsInTheirThreadsOwnMemory) 
     ASSERT_NE(run, nullptr);
     // a | b dropped; b | s kept (s stores shared memory); s | out kept.
     EXPECT_EQ(barriers_in(run->then_case), 2);
-    EXPECT_TRUE(is_barrier(top[1]));
+    ASSERT_NE(top[1].as<IfThenElse>(), nullptr);  // the iteration's last, under g
+    EXPECT_TRUE(is_barrier(top[1].as<IfThenElse>()->then_case));
 }
 
 TEST(BlockUniformBarriers, LeavesConditionsThatVaryOverTheBlock) {
@@ -162,13 +192,16 @@ TEST(BlockUniformBarriers, TakesABarrierBeforeARunIntoItsCondition) {
     const Stmt k = kernel({stage("a", g), stage("s", h), stage("out", h, load("s", Float(32), thread()))},
                           {{"completes", completes()}, {"writes", load("flags", Int(32), token() + 1) > 0}});
     const std::vector<Stmt> top = token_loop(k, false);
-    // a (no barrier inside its run: as it was), then if (h) {barrier; s; barrier; out}, the iteration's barrier.
+    // a (no barrier inside its run: as it was), then if (h) {barrier; s; barrier; out}, then the
+    // iteration's barrier under g || h.
     ASSERT_EQ(top.size(), 3u);
     const IfThenElse *run = top[1].as<IfThenElse>();
     ASSERT_NE(run, nullptr);
     EXPECT_TRUE(equal(run->condition, h));
     EXPECT_EQ(barriers_in(run->then_case), 2);
-    EXPECT_TRUE(is_barrier(top[2]));
+    const IfThenElse *last = top[2].as<IfThenElse>();
+    ASSERT_NE(last, nullptr);
+    EXPECT_TRUE(equal(last->condition, g || h));
 }
 
 }  // namespace
