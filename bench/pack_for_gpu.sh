@@ -51,14 +51,15 @@ if .venv/bin/python -c 'import torch' 2>/dev/null; then
 else
     echo "note: no torch in .venv: the engine extension example is not packed" >&2
 fi
-# -h: build/libkpool.so is the symlink to the versioned library; carry the file.
-tar chJf "$pack/bin.tar.xz" build/libkpool.so build/_torch_calls.abi3.so build/tests/kpool_tests build/tools/kpool \
-    "${extension[@]}"
+# -h: build/libkpool.so is the symlink to the versioned library; carry the
+# file, and the op table the Python package reads beside it (kpool_ops.json).
+tar chJf "$pack/bin.tar.xz" build/libkpool.so build/kpool_ops.json build/_torch_calls.abi3.so build/tests/kpool_tests \
+    build/tools/kpool "${extension[@]}"
 if [ -n "$tune_family" ]; then
     PATH="$PWD/.venv/bin:$PATH" .venv/bin/python tools/tune/kpool_tune.py plan "$tune_family" build-tune \
         "${plan_args[@]}"
     mkdir -p "$pack/tune"
-    cp build-tune/candidates.json "$pack/tune/"
+    cp build-tune/candidates.json build-tune/kpool_ops.json "$pack/tune/"
     xz -c build-tune/libkpool.so >"$pack/tune/libkpool.so.xz"
 fi
 du -sh "$pack"

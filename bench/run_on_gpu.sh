@@ -43,7 +43,7 @@ if [ -f build-gpu/bin.tar.xz ]; then
 fi
 if [ -f build-gpu/tune/candidates.json ]; then
     mkdir -p build-tune
-    cp build-gpu/tune/candidates.json build-tune/
+    cp build-gpu/tune/candidates.json build-gpu/tune/kpool_ops.json build-tune/
     xz -dc build-gpu/tune/libkpool.so.xz >build-tune/libkpool.so
 fi
 export PYTHONPATH=python KPOOL_LIBRARY=build/libkpool.so PYTHONUNBUFFERED=1

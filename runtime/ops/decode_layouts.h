@@ -30,14 +30,15 @@ struct DecodeLayoutRule {
 // against 11.98 us, 512 x 4 9.98 against 14.04), a warp per request only
 // where a lone request completes nothing (1 x 1: 1.87 against 2.34).
 // Other families are unmeasured and take sm90's rule.
-// The block per request is not yet timed: taken at P >= 16 in both
-// arithmetics, where the other layouts lag the reference most (H100, P = 16
-// 64 x 2: 5.23 against 2.69 us; a block of four warps does in three block
-// exchanges what one warp did alone), P = 4 and 8 left to the GPU sweep
-// (docs/benchmarks.md).
+// The block per request is never taken: run at P = 16 in the reference
+// arithmetic on an H100 (graph replay, the same run as the rule above's
+// layouts) it was slower in every case of the sweep (64 x 1 5.71 against
+// 4.75 us, 64 x 2 6.18 against 5.44, 512 x 4 8.18 against 6.62; the
+// reference 4.72, 2.99, 3.98). Its kernels are built and tested, and the
+// GPU tests and a KPOOL_MEASUREMENT_HOOKS build run it.
 inline constexpr DecodeLayoutRule kDecodeLayoutRules[] = {
-    {"sm90", 4, 4, 16, 1, 16, 1, 16, 1},
-    {"", 4, 4, 16, 1, 16, 1, 16, 1},
+    {"sm90", 4, 4, 16, 1, 0, 0, 0, 0},
+    {"", 4, 4, 16, 1, 0, 0, 0, 0},
 };
 
 // The layouts a call may be forced into; `rule`: the table's choice.
