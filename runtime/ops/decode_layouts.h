@@ -31,11 +31,14 @@ struct DecodeLayoutRule {
 // where a lone request completes nothing (1 x 1: 1.87 against 2.34).
 // Other families are unmeasured and take sm90's rule.
 // The block per request is never taken: run at P = 16 in the reference
-// arithmetic on an H100 (graph replay, the same run as the rule above's
-// layouts) it was slower in every case of the sweep (64 x 1 5.71 against
-// 4.75 us, 64 x 2 6.18 against 5.44, 512 x 4 8.18 against 6.62; the
-// reference 4.72, 2.99, 3.98). Its kernels are built and tested, and the
-// GPU tests and a KPOOL_MEASUREMENT_HOOKS build run it.
+// arithmetic on an H100 (graph replay; two runs of one day, the build with
+// it as the rule's choice at P >= 16 against the build before, the
+// reference's times within 3 % of each other) it was slower in every case
+// of the sweep (64 x 1 5.71 against 4.75 us, 64 x 2 6.18 against 5.44,
+// 512 x 4 8.18 against 6.62; the reference 4.72, 2.99, 3.98). Its kernels
+// are built and tested; the GPU tests and a KPOOL_MEASUREMENT_HOOKS build
+// ($KPOOL_DECODE_LAYOUT=block_per_request) run it, which is how to time it
+// against the others in one run.
 inline constexpr DecodeLayoutRule kDecodeLayoutRules[] = {
     {"sm90", 4, 4, 16, 1, 0, 0, 0, 0},
     {"", 4, 4, 16, 1, 0, 0, 0, 0},
