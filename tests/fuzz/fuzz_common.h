@@ -531,6 +531,16 @@ inline void fill_values(Input &in, Tensor &t, float sigma, bool specials) {
     }
 }
 
+// A decode step's float inputs: the tail ring (what earlier stashes wrote:
+// non-finite values too), the keys, the scores and ape.
+inline void fill_decode_values(Input &in, Tensor &tail, Tensor &key, Tensor &score, Tensor &ape) {
+    const bool specials = in.chance(24);
+    fill_values(in, tail, 1.0f, specials);
+    fill_values(in, key, 1.0f, specials);
+    fill_values(in, score, in.flag() ? 2.0f : 60.0f, specials);
+    fill_values(in, ape, 0.5f, specials);
+}
+
 // An index value for a slot space of `slots` entries (the cache's slots, a
 // ring's blocks...): in range mostly, else a hostile one; `prev` are the
 // values chosen so far (for duplicates). `wide` allows values past int32.

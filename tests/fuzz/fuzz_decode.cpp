@@ -85,12 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (Tensor *t : all) {
         if (!t->allocate(in)) return 0;
     }
-    // The ring holds what earlier stashes wrote: non-finite values too.
-    const bool specials = in.chance(24);
-    fill_values(in, tail, 1.0f, specials);
-    fill_values(in, key, 1.0f, specials);
-    fill_values(in, score, in.flag() ? 2.0f : 60.0f, specials);
-    fill_values(in, ape, 0.5f, specials);
+    fill_decode_values(in, tail, key, score, ape);
     write_ints(tsm_t, tsm);
     write_ints(sm_t, sm);
     write_ints(pos_t, pos);
