@@ -531,6 +531,24 @@ inline void fill_values(Input &in, Tensor &t, float sigma, bool specials) {
     }
 }
 
+// What a decode call's harness must expect from its indices and layouts:
+// slot_mapping entries past the cache's slots, tail slots past the ring's
+// blocks (a host call rejects both, a device skips and marks them), and a
+// page stride not a multiple of 4 or overlapping tail blocks (rejected).
+struct DecodeFaults {
+    bool bad_slot = false, bad_tail_slot = false, bad_layout = false;
+    bool out_of_range() const { return bad_slot || bad_tail_slot; }
+};
+inline DecodeFaults decode_faults(const std::vector<int64_t> &slot_mapping, const std::vector<int64_t> &tail_slots,
+                                  int64_t cache_slots, int64_t ring, int64_t tail_blocks, const Tensor &cache,
+                                  const Tensor &tail) {
+    DecodeFaults f;
+    for (int64_t s : slot_mapping) f.bad_slot = f.bad_slot || s >= cache_slots;
+    for (int64_t t : tail_slots) f.bad_tail_slot = f.bad_tail_slot || (t >= 0 && t / ring >= tail_blocks);
+    f.bad_layout = (cache.shape[0] > 1 && cache.strides[0] % 4 != 0) || tail_blocks_overlap(tail.shape[0], tail, ring);
+    return f;
+}
+
 // A decode step's float inputs: the tail ring (what earlier stashes wrote:
 // non-finite values too), the keys, the scores and ape.
 inline void fill_decode_values(Input &in, Tensor &tail, Tensor &key, Tensor &score, Tensor &ape) {

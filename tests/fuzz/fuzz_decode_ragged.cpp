@@ -112,7 +112,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
          P, pool_size, head_dim, round_scale, (long long)ring, (long long)tail_blocks, (long long)pages,
          (long long)block_size, max_query_len);
 
-    bool bad_offsets = false, past_bound = false, bad_slot = false, bad_tail_slot = false;
+    bool bad_offsets = false, past_bound = false;
     for (int64_t r = 0; r <= B; r++) {
         const int64_t before = r > 0 ? offsets[r - 1] : 0;
         bad_offsets = bad_offsets || offsets[r] < before || offsets[r] > T;
@@ -120,13 +120,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         past_bound = past_bound || (r > 0 && max_query_len > 0 && offsets[r] >= before && !count.overflowed() &&
                                     count.value() > max_query_len);
     }
-    for (int64_t i = 0; i < T; i++) {
-        bad_slot = bad_slot || sm[i] >= slots;
-        bad_tail_slot = bad_tail_slot || (tsm[i] >= 0 && tsm[i] / ring >= tail_blocks);
-    }
-    const bool out_of_range = bad_slot || bad_tail_slot;
-    const bool bad_layout = (cache.shape[0] > 1 && cache.strides[0] % 4 != 0) ||
-                            tail_blocks_overlap(tail.shape[0], tail, ring);
+    const DecodeFaults faults = decode_faults(sm, tsm, slots, ring, tail_blocks, cache, tail);
+    const bool bad_slot = faults.bad_slot, bad_tail_slot = faults.bad_tail_slot, bad_layout = faults.bad_layout;
+    const bool out_of_range = faults.out_of_range();
     const char *must_fail = first_reason({
         invalid_alone(cache, {KPOOL_DTYPE_UINT8}),
         !cache.null_data && cache.misalign % 4 ? "a kv_cache not 4-byte aligned" : nullptr,
