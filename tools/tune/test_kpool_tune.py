@@ -22,6 +22,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import kpool_tune as kt  # noqa: E402
+import tune_plan  # noqa: E402
 import tune_run  # noqa: E402 (where run looks up open_session)
 import knobs as kf  # noqa: E402 (schedules/knobs.py, on the path kpool_tune puts it)
 
@@ -198,6 +199,27 @@ def test_cmake_line_names_the_candidate():
     assert kt.cmake_line("cpu", c).endswith('OPS compress AUTOSCHEDULER Halide::Anderson2021)\n')
 
 
+def test_a_twin_the_first_autoscheduler_cannot_build_goes_to_the_next():
+    candidates = [dict(id=0, unit="fwht", knobs={}), dict(id=1, unit="fwht", autoscheduler="Anderson2021"),
+                  dict(id=2, unit="decode", autoscheduler="Anderson2021")]
+    configured = []
+
+    def build_one(c):
+        if c["unit"] == "decode" and c["autoscheduler"] == "Anderson2021":
+            c["error"] = "for loop over weighted_sum.s0.token.token is inside GPU block loop"
+
+    failed = tune_plan.build_twins(candidates, ("Anderson2021", "Li2018"), lambda cs: configured.append(
+        [c["id"] for c in cs]), build_one)
+    assert [c["id"] for c in failed] == [2]
+    assert candidates[3] == dict(id=3, unit="decode", autoscheduler="Li2018")
+    assert configured == [[0, 1, 2], [0, 1, 3]]  # the failed twin out of the second configure
+    # The last autoscheduler failing too: both recorded, none left to try.
+    candidates = [dict(id=0, unit="decode", autoscheduler="Anderson2021")]
+    failed = tune_plan.build_twins(candidates, ("Anderson2021", "Li2018"), lambda cs: None,
+                                   lambda c: c.update(error="no"))
+    assert [(c["id"], c["autoscheduler"]) for c in failed] == [(0, "Anderson2021"), (1, "Li2018")]
+
+
 def test_winners_take_only_valid_complete_and_clearly_faster_candidates():
     with open(RESULTS) as f:
         results = json.load(f)
@@ -221,7 +243,7 @@ def test_apply_rewrites_only_the_winning_values(tmp_path, capsys):
     assert (tmp_path / "cuda.base").read_text() == base
     assert kf.Knobs(tmp_path / "sm90.knobs").values["fwht.values"] == 16
     out = capsys.readouterr().out
-    assert "| fwht (triton) | rows=65536 | 11.5 | 10.0 | 9.0 | fwht.values:16 | 30.0 |" in out
+    assert "| fwht (triton) | rows=65536 | 11.5 | 10.0 | 9.0 | fwht.values:16 | 30.0 (Anderson2021) |" in out
     assert "| decode (triton) | requests=64 next_n=1 P=4 | - | 3.0 |" in out
     assert "decode: the reference was not timed: AssertionError: a recorded failure" in out
     assert "decode: Anderson2021 could not schedule it: kpool_sm90_decode_update_p4_triton_c9" in out
@@ -348,7 +370,8 @@ def test_run_on_a_real_bundle_goes_on_past_failing_candidates(tmp_path, monkeypa
     # The fakes first: every real candidate after them must still be measured.
     bundle["candidates"] = fakes + bundle["candidates"]
     (tmp_path / "candidates.json").write_text(json.dumps(bundle))
-    os.symlink(os.path.join(real, "libkpool.so"), tmp_path / "libkpool.so")
+    for name in ("libkpool.so", "kpool_ops.json"):
+        os.symlink(os.path.join(real, name), tmp_path / name)
     real_candidate = kt.Session.candidate
     monkeypatch.setattr(kt.Session, "candidate", lambda self, c, timed: fail_as_told(c) or real_candidate(self, c, timed))
     out = tmp_path / "results.json"
@@ -372,6 +395,6 @@ def test_apply_keep_writes_the_results_and_the_table_once(tmp_path):
     kt.main(args)  # again: the section is replaced, not added twice
     doc = (docs / "tuning.md").read_text()
     assert doc.startswith("# Schedule tuning\n\ntext\n") and doc.count("<!-- tune table sm90") == 1
-    assert "| fwht (triton) | rows=65536 | 11.5 | 10.0 | 9.0 | fwht.values:16 | 30.0 |" in doc
+    assert "| fwht (triton) | rows=65536 | 11.5 | 10.0 | 9.0 | fwht.values:16 | 30.0 (Anderson2021) |" in doc
     assert json.loads((docs / "measured" / "tune_sm90.json").read_text())["family"] == "sm90"
     assert (tmp_path / "sm90.knobs").read_text() == open(os.path.join(SCHEDULES, "sm90.knobs")).read()

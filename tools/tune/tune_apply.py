@@ -31,7 +31,7 @@ def table(results, min_gain=0.02):
     lines = ["| unit | case | reference µs | hand µs | tuned µs | tuned knobs | autoscheduled µs |",
              "| --- | --- | ---: | ---: | ---: | --- | ---: |"]
     not_built = results.get("failed_to_build", [])
-    failed = {c["unit"]: c for c in not_built if c.get("autoscheduler")}
+    failed = [c for c in not_built if c.get("autoscheduler")]
     for unit, (best, auto) in winners(results, min_gain).items():
         e = results["units"][unit]
         reference = e.get("reference", {}).get("times", {})
@@ -39,11 +39,11 @@ def table(results, min_gain=0.02):
             tuned_us = best["times"][name] if best else hand_us
             knobs = knob_string(best["changed"]) if best else "(hand)"
             if auto and auto["valid"]:
-                auto_s = f"{auto['times'][name]:.1f}"
+                auto_s = f"{auto['times'][name]:.1f} ({auto['autoscheduler']})"
             elif auto:
                 auto_s = "wrong bytes" if "differ" in auto.get("error", "") else "failed"
             else:
-                auto_s = "not built" if unit in failed else "-"
+                auto_s = "not built" if any(c["unit"] == unit for c in failed) else "-"
             ref_s = f"{reference[name]:.1f}" if name in reference else "-"
             lines.append(f"| {unit} ({e['arithmetic']}) | {name} | {ref_s} | {hand_us:.1f} | {tuned_us:.1f} | {knobs} "
                          f"| {auto_s} |")
@@ -51,8 +51,8 @@ def table(results, min_gain=0.02):
     for unit, e in results["units"].items():
         if e.get("reference", {}).get("error"):
             lines.append(f"{unit}: the reference was not timed: {e['reference']['error']}")
-    for unit, c in failed.items():
-        lines.append(f"{unit}: {c['autoscheduler']} could not schedule it: {c['error']}")
+    for c in failed:
+        lines.append(f"{c['unit']}: {c['autoscheduler']} could not schedule it: {c['error']}")
     for c in not_built:
         if not c.get("autoscheduler"):
             lines.append(f"{c['unit']}: {knob_string(c['changed'])} did not build: {c['error']}")

@@ -10,9 +10,13 @@ import sys
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 OPS = ("fwht", "compress", "decode", "seed", "expand")
-# Halide's autoscheduler per device: Anderson2021 is the GPU one the wheel
-# ships; Mullapudi2016 schedules the CPU from the generators' estimates.
-AUTOSCHEDULERS = {"cpu": "Mullapudi2016", "cuda": "Anderson2021"}
+# Halide's autoschedulers per device, in the order a twin tries them:
+# Anderson2021 is the GPU one that searches; Li2018 (a greedy one, GPU
+# schedules too) takes what Anderson2021 cannot schedule (decode's in-place
+# update, whose token loop it puts between GPU block loops) or not within
+# --autoschedule-timeout (decode.exact); Mullapudi2016 schedules the CPU from
+# the generators' estimates.
+AUTOSCHEDULERS = {"cpu": ("Mullapudi2016",), "cuda": ("Anderson2021", "Li2018")}
 
 
 # --- the knobs file: schedules/knobs.py, the one reader (the build runs it too) -------------------

@@ -130,6 +130,46 @@ def halide_errors(out):
                               if HALIDE_ERROR.search(line) and not line.startswith("FAILED")))
 
 
+def build_twins(candidates, order, configure, build_one):
+    """Builds the twins among `candidates` (configured with every candidate
+    not failed), each twin whose kernels fail (build_one sets its "error")
+    tried again with the next autoscheduler of `order`, appended to
+    `candidates`; returns the twins that failed."""
+    failed = []
+    twins = [c for c in candidates if c.get("autoscheduler")]
+    configure(candidates)
+    while twins:
+        for c in twins:
+            build_one(c)
+        retried, now_failed = [], [c for c in twins if "error" in c]
+        for c in now_failed:
+            following = order[order.index(c["autoscheduler"]) + 1:]
+            if following:
+                retried.append({**c, "id": len(candidates), "autoscheduler": following[0]})
+                del retried[-1]["error"]
+                candidates.append(retried[-1])
+        if now_failed:
+            configure([c for c in candidates if "error" not in c])
+        failed += now_failed
+        twins = retried
+    return failed
+
+
+def build_twin(a, build, log, c):
+    """Builds twin c's kernels one by one; on a failure sets c["error"]."""
+    for target in kernel_targets(build, c["id"]):
+        rc, out = cmake([a.cmake, "--build", build, "--target", target], log, timeout=a.autoschedule_timeout)
+        if rc > 0 and not halide_errors(out):
+            # Halide prints an internal error's text only with debug output on.
+            rc, out = cmake([a.cmake, "--build", build, "--target", target], log, env={"HL_DEBUG_CODEGEN": "1"},
+                            timeout=a.autoschedule_timeout)
+        if rc != 0:
+            errors = halide_errors(out)
+            c["error"] = f"{target}: " + (" | ".join(errors[:3]) or out.strip().splitlines()[-1])[:600]
+            print(f"autoscheduled {c['unit']} ({c['autoscheduler']}) not built: {c['error']}", flush=True)
+            return
+
+
 def plan(a):
     knobs_path = os.path.join(a.knobs_dir, f"{a.family}.knobs")
     knobs = knobs_file.Knobs(knobs_path)
@@ -148,7 +188,7 @@ def plan(a):
             candidates.append(dict(id=len(candidates), unit=unit, arithmetic=arith, changed=s, knobs={**values, **s}))
         if not a.no_autoscheduler:
             candidates.append(dict(id=len(candidates), unit=unit, arithmetic=arith, changed={}, knobs=values,
-                                   autoscheduler=AUTOSCHEDULERS[device_of(a.family)]))
+                                   autoscheduler=AUTOSCHEDULERS[device_of(a.family)][0]))
     os.makedirs(a.bundle, exist_ok=True)
     build = os.path.join(a.bundle, "build")
     log = os.path.join(a.bundle, "build.log")
@@ -168,25 +208,12 @@ def plan(a):
             sys.exit(f"kpool_tune plan: cmake configure failed (see {log}):\n{out[-3000:]}")
 
     # An autoscheduler may not take an op (warp shuffles, in-place scatter
-    # updates): its kernels are built one by one first, and a candidate whose
-    # kernel fails is reported with the error and left out of the library.
-    configure(candidates)
-    for c in [c for c in candidates if c.get("autoscheduler")]:
-        for target in kernel_targets(build, c["id"]):
-            rc, out = cmake([a.cmake, "--build", build, "--target", target], log, timeout=a.autoschedule_timeout)
-            if rc > 0 and not halide_errors(out):
-                # Halide prints an internal error's text only with debug output on.
-                rc, out = cmake([a.cmake, "--build", build, "--target", target], log, env={"HL_DEBUG_CODEGEN": "1"},
-                                timeout=a.autoschedule_timeout)
-            if rc != 0:
-                errors = halide_errors(out)
-                c["error"] = f"{target}: " + (" | ".join(errors[:3]) or out.strip().splitlines()[-1])[:600]
-                failed.append(c)
-                print(f"autoscheduled {c['unit']} ({c['autoscheduler']}) not built: {c['error']}", flush=True)
-                break
+    # updates): its kernels are built one by one first, and a twin whose
+    # kernel fails is reported with the error and left out of the library;
+    # the device's next autoscheduler then tries the unit.
+    failed += build_twins(candidates, AUTOSCHEDULERS[device_of(a.family)], configure,
+                          lambda c: build_twin(a, build, log, c))
     built = [c for c in candidates if "error" not in c]
-    if failed:
-        configure(built)
     # Every candidate's kernels, keeping going past failures: a candidate
     # whose kernel does not compile (or that ptxas rejects) is reported with
     # its error, built alone again to find it, and left out.
@@ -208,7 +235,9 @@ def plan(a):
     rc, out = cmake([a.cmake, "--build", build, "--target", "kpool_shared", "--", f"-j{a.jobs}"], log)
     if rc != 0:
         sys.exit(f"kpool_tune plan: build failed (see {log}):\n{out[-3000:]}")
-    shutil.copy2(os.path.join(build, "libkpool.so"), os.path.join(a.bundle, "libkpool.so"))
+    # The library and the op table the Python package reads beside it.
+    for name in ("libkpool.so", "kpool_ops.json"):
+        shutil.copy2(os.path.join(build, name), os.path.join(a.bundle, name))
     with open(os.path.join(a.bundle, "candidates.json"), "w") as f:
         json.dump(dict(family=a.family, knobs=values, candidates=built, failed=failed), f, indent=1)
     n_units = len({c["unit"] for c in built})
