@@ -3,7 +3,7 @@
 
     PYTHONPATH=python KPOOL_LIBRARY=build/libkpool.so python3 bench/bench_gpu.py [--quick]
         [--only copy,fwht,compress,seed,decode,expand,steps,engine] [--no-graph] [--out FILE]
-        [--arithmetic exact|triton]
+        [--arithmetic exact|triton] [--twins BUNDLE]
 
 Both libraries run in one process on the same tensors (the cases, sizes and
 byte counts of shared/anchors/bench_triton.py). Per case it prints:
@@ -21,6 +21,11 @@ byte counts of shared/anchors/bench_triton.py). Per case it prints:
                  side alone; the GPU runs behind)
   exact          our outputs and caches vs the reference's, compared once on
                  copies of the same inputs ("exact", or what differs)
+  twin           with --twins BUNDLE (a tuning bundle, kpool_tune.py plan,
+                 and KPOOL_LIBRARY its libkpool.so): the median µs of the
+                 op's autoscheduled twin (the floor our schedules must beat;
+                 docs/tuning.md), its autoscheduler, and its bytes against
+                 ours ("exact", or what differs)
 Engine steps (group "steps"): what an engine runs per step, its ops
 captured back to back in one CUDA graph, ours and the reference's each, in
 the same run: a decode step (fwht of requests x next_n x 64 heads query rows,
@@ -64,6 +69,8 @@ def parse_args(argv=None):
                    help="kpool's softmax-pool arithmetic (kpool.set_arithmetic; default: triton's on CUDA)")
     p.add_argument("--min-runs", type=int, default=100, help="timed runs per median, at least (default 100)")
     p.add_argument("--host-calls", type=int, default=200, help="back-to-back calls for the enqueue time")
+    p.add_argument("--twins", metavar="BUNDLE",
+                   help="time each op's autoscheduled twin from this tuning bundle (KPOOL_LIBRARY its libkpool.so)")
     p.add_argument("--ours-on-host", action="store_true",
                    help="check this script: run ours on host copies of the inputs, exactness only (not timed)")
     a = p.parse_args(argv)
@@ -338,6 +345,68 @@ class _NotTimed(Exception):
     pass
 
 
+# The tuner's op of each case's op (tools/tune: a unit is the op, or
+# op.exact for the exact arithmetic where the family has such knobs).
+TWIN_OPS = {"fwht128_quant_fp8": "fwht", "kpool_compress_and_write_cache": "compress",
+            "kpool_seed_tail_cache": "seed", "kpool_decode_update_..._batched": "decode",
+            "expand_pools_and_append_tail": "expand", "expand_pools_to_tokens+append_tail_to_topk": "expand"}
+
+
+class Twins:
+    """The autoscheduled twins of a tuning bundle (its candidates.json),
+    served in place of our kernels while `selected`; the process's library
+    must be the bundle's (its hand variants are ours)."""
+
+    def __init__(self, bundle, arithmetic, library):
+        import ctypes
+
+        with open(os.path.join(bundle, "candidates.json")) as f:
+            plan = json.load(f)
+        if os.path.realpath(library) != os.path.realpath(os.path.join(bundle, "libkpool.so")):
+            raise SystemExit(f"--twins {bundle}: KPOOL_LIBRARY must be the bundle's libkpool.so (is {library})")
+        self.select = ctypes.CDLL(library).kpool_tune_select
+        self.select.argtypes, self.select.restype = [ctypes.c_int], ctypes.c_int
+        self.by_unit = {c["unit"]: c for c in plan["candidates"] if c.get("autoscheduler")}
+        self.exact = arithmetic == "exact"
+
+    def of(self, case_op):
+        """The twin of a case's op in this arithmetic (the softmax-pool ops
+        have a unit per arithmetic), or None."""
+        op = TWIN_OPS.get(case_op)
+        return self.by_unit.get(op + ".exact" if self.exact and op in ("compress", "decode") else op)
+
+    def selected(self, c):
+        twins = self
+
+        class Selected:
+            def __enter__(self):
+                if twins.select(c["id"]) == 0:
+                    twins.select(-1)
+                    raise RuntimeError(f"the bundle holds no kernel of twin {c['id']}")
+
+            def __exit__(self, *exc):
+                twins.select(-1)
+
+        return Selected()
+
+
+def time_twin(kt, torch, tt, case, ours, twins, twin, min_runs):
+    """The twin's median µs on the case, its bytes against ours."""
+    with twins.selected(twin):
+        st_t = case.fresh_state()
+        out_t = case.run(ours, [v for _, v in st_t])
+        torch.cuda.synchronize()
+        views = case.views()
+        us = time_direct(torch, tt, lambda: case.run(ours, views), min_runs)[0]
+    st_o = case.fresh_state()
+    out_o = case.run(ours, [v for _, v in st_o])
+    torch.cuda.synchronize()
+    as_list = lambda o: [] if o is None else (list(o) if isinstance(o, tuple) else [o])  # noqa: E731
+    differ = sum(kt.differing_bytes(a, b) for a, b in zip(as_list(out_t), as_list(out_o)))
+    differ += sum(kt.differing_bytes(a, b) for (a, _), (b, _) in zip(st_t, st_o))
+    return us, "exact" if differ == 0 else f"{differ} bytes differ from ours"
+
+
 def fmt_us(x):
     return num(x, 9, 2)
 
@@ -379,6 +448,7 @@ def main(argv=None):
         print("kpool: on host copies (--ours-on-host): exactness only, ours not timed")
     if why:
         print(f"kpool: n/a ({why}); timing the reference only")
+    twins = Twins(a.twins, a.arithmetic, kpool.library_path()) if a.twins and ours_ok else None
     only = set(a.only.split(",")) if a.only else None
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                kpool=version, kpool_library=kpool.library_path() if version else None, quick=a.quick,
@@ -442,6 +512,14 @@ def main(argv=None):
                 except Exception as e:  # one failing case must not end the run
                     torch.cuda.synchronize()
                     row["ours_error"] = f"{type(e).__name__}: {e}"
+            twin = twins.of(case.op) if twins and not a.ours_on_host else None
+            if twin:
+                row["twin"] = twin["autoscheduler"]
+                try:
+                    row["twin_us"], row["twin_exact"] = time_twin(kt, torch, tt, case, ours, twins, twin, a.min_runs)
+                except Exception as e:  # a twin that faults or breaks: recorded, the run goes on
+                    torch.cuda.synchronize()
+                    row["twin_error"] = f"{type(e).__name__}: {e}"
             o, r = row.get("ours_us"), row["ref_us"]
             go, gr = row.get("ours_graph_us"), row.get("ref_graph_us")
             row["GBps"] = case.nbytes / o / 1e3 if o else None
@@ -457,7 +535,9 @@ def main(argv=None):
             print(f"{case.op:<44} {ps:<58} {fmt_us(o)} {fmt_us(r)} {fmt_us(go)} {fmt_us(gr)} {case.nbytes:>11} "
                   f"{num(row['GBps'] or row['ref_GBps'], 7, 1)} {num(row['pct_of_copy'], 6, 1)} "
                   f"{num(row['speedup'], 7, 2)} {num(row['ours_host_us'], 7, 2)} {num(row['ref_host_us'], 7, 2)} "
-                  f"{num(row.get('ours_enqueue_us'), 6, 1)} {num(row['ref_enqueue_us'], 6, 1)}  {ex}")
+                  f"{num(row.get('ours_enqueue_us'), 6, 1)} {num(row['ref_enqueue_us'], 6, 1)}  {ex}"
+                  + (f"  twin {num(row.get('twin_us'), 9, 2)} {row['twin']} "
+                     f"{row.get('twin_error') or row.get('twin_exact')}" if twin else ""))
             sys.stdout.flush()
             del case, views, fn_r, fn_o
         torch.cuda.empty_cache()

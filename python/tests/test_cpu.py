@@ -666,6 +666,28 @@ def test_bench_help_and_helpers_without_torch():
     assert kt.decode_bytes(pos, ts, sm, 4) == 4 * (2 * 256 + 12) + 2 * 3 * 512 + 4 * 128 * 4 + 4 * 512 + 2 * 132
 
 
+def test_bench_twins_of_a_bundle(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import bench_gpu
+
+    twin = lambda i, unit, auto: dict(id=i, unit=unit, autoscheduler=auto)  # noqa: E731
+    plan = dict(family="sm90", candidates=[dict(id=0, unit="compress", knobs={}), twin(1, "compress", "Anderson2021"),
+                                           twin(2, "compress.exact", "Anderson2021"), twin(3, "fwht", "Anderson2021"),
+                                           twin(5, "decode", "Li2018")],
+                failed=[twin(4, "decode", "Anderson2021")])
+    (tmp_path / "candidates.json").write_text(json.dumps(plan))
+    # The bundle's library only: its hand variants are the "ours" a twin is held to.
+    with pytest.raises(SystemExit, match="KPOOL_LIBRARY must be the bundle's libkpool.so"):
+        bench_gpu.Twins(str(tmp_path), "default", "/elsewhere/libkpool.so")
+    twins = bench_gpu.Twins.__new__(bench_gpu.Twins)
+    twins.by_unit = {c["unit"]: c for c in plan["candidates"] if c.get("autoscheduler")}
+    for exact, op, want in [(False, "kpool_compress_and_write_cache", 1), (True, "kpool_compress_and_write_cache", 2),
+                            (True, "fwht128_quant_fp8", 3), (False, "kpool_decode_update_..._batched", 5),
+                            (True, "kpool_decode_update_..._batched", None), (False, "kpool_seed_tail_cache", None)]:
+        twins.exact = exact
+        assert (twins.of(op) or {}).get("id") == want, (exact, op)
+
+
 def test_index_errors_words_are_cuda_int32_tensors():
     with pytest.raises(kpool.KpoolTypeError, match="index_errors"):
         kpool.set_index_errors(np.zeros(4, np.int32))
