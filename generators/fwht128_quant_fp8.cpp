@@ -20,7 +20,7 @@ ScheduleDecisions fwht_decisions(const BuildPlan &plan) {
 
 }  // namespace
 
-class Fwht128QuantFp8 : public KpoolGenerator<Fwht128QuantFp8> {
+class Fwht128QuantFp8 : public KpoolGenerator<Fwht128QuantFp8, FwhtStages> {
 public:
     Input<Buffer<uint16_t, 2>> q{"q"};  // (d, row) bf16 bits
     // (d, row): e4m3 codes, and the row's f32 scale through a buffer whose
@@ -44,14 +44,11 @@ public:
     void schedule() {
         q.set_estimates({{0, kHeadDim}, {0, estimate::kRows}});
         quantized.set_estimates({{0, kHeadDim}, {0, estimate::kRows}});
-        schedule_with(schedule_fwht, stages);
+        schedule_with(schedule_fwht);
     }
-
-private:
-    FwhtStages stages;
 };
 
-class Fwht128QuantFp8Words : public KpoolGenerator<Fwht128QuantFp8Words> {
+class Fwht128QuantFp8Words : public KpoolGenerator<Fwht128QuantFp8Words, FwhtStages> {
 public:
     static constexpr int kPairValues = 2;   // bf16 per input word
     static constexpr int kWordCodes = 8;    // e4m3 codes per output word
@@ -107,11 +104,8 @@ public:
     void schedule() {
         q.set_estimates({{0, kPairs}, {0, estimate::kRows}});
         quantized.set_estimates({{0, kWords}, {0, estimate::kRows}});
-        schedule_with(schedule_fwht, stages);
+        schedule_with(schedule_fwht);
     }
-
-private:
-    FwhtStages stages;
 };
 
 }  // namespace kpool

@@ -38,8 +38,8 @@ Expr item_value_f32(Func items, const Type &item_type, Expr index_in_lane, std::
 
 }  // namespace
 
-template <typename T>
-class CompressBase : public KpoolGenerator<T> {
+template <typename T, typename Stages>
+class CompressBase : public KpoolGenerator<T, Stages> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
     GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
@@ -83,7 +83,6 @@ protected:
 
     // The kernel's pool: what its schedule specializes on (s.conditions) and
     // the compress stages (s.compress).
-    template <typename Stages>
     void define_compress(Stages &s) {
         s.conditions = conditions();
         Var d = s.d, j = s.j, pool = s.pool;
@@ -149,7 +148,7 @@ protected:
     }
 };
 
-class CompressToCache : public CompressBase<CompressToCache> {
+class CompressToCache : public CompressBase<CompressToCache, CompressToCacheStages> {
 public:
     // (pool): int64 (the contract's loc), or int32 (an engine's slot_mapping
     // read in place, kpool_compress_tokens_and_write_cache).
@@ -189,14 +188,11 @@ public:
         write_mask.set_estimates({{0, kPools}});
         cache.set_estimates(estimate::in_place_cache());
         estimate_inputs();
-        schedule_with(schedule_compress_to_cache, stages);
+        schedule_with(schedule_compress_to_cache);
     }
-
-private:
-    CompressToCacheStages stages;
 };
 
-class CompressToRows : public CompressBase<CompressToRows> {
+class CompressToRows : public CompressBase<CompressToRows, CompressToRowsStages> {
 public:
     // (d, pool): e4m3 codes and the pool's scale (d stride 0), as in fwht.
     Output<Func> compressed{"compressed", {UInt(8), Float(32)}, 2};
@@ -216,11 +212,8 @@ public:
     void schedule() {
         compressed.set_estimates({{0, kHeadDim}, {0, estimate::kPools}});
         estimate_inputs();
-        schedule_with(schedule_compress_to_rows, stages);
+        schedule_with(schedule_compress_to_rows);
     }
-
-private:
-    CompressToRowsStages stages;
 };
 
 // The prefill insert with positions (kpool_compress_tokens_and_write_cache
@@ -231,7 +224,7 @@ private:
 // else the ring's row of that position in t's block (an earlier chunk
 // seeded it). Like decode, a completion needs a tail block: without one it
 // writes nothing.
-class CompressTokensFromRing : public KpoolGenerator<CompressTokensFromRing> {
+class CompressTokensFromRing : public KpoolGenerator<CompressTokensFromRing, CompressToCacheStages> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
     GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
@@ -321,11 +314,8 @@ public:
         }
         tail.set_estimates(tail_ring(pool_size));
         cache.set_estimates(kv_cache());
-        schedule_with(schedule_compress_to_cache, stages);
+        schedule_with(schedule_compress_to_cache);
     }
-
-private:
-    CompressToCacheStages stages;
 };
 
 }  // namespace kpool

@@ -271,7 +271,7 @@ void define_stashes(DecodeStashStages &s, Func tail, Func tail_slot_mapping, Fun
     s.tail = tail;
 }
 
-class DecodeWriteCache : public KpoolGenerator<DecodeWriteCache> {
+class DecodeWriteCache : public KpoolGenerator<DecodeWriteCache, DecodeWriteStages> {
 public:
     GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
     GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
@@ -291,11 +291,8 @@ public:
         if (!using_autoscheduler()) {
             stages.pipeline = get_pipeline();  // for the schedule's lowering pass
         }
-        schedule_with(schedule_decode_write, stages);
+        schedule_with(schedule_decode_write);
     }
-
-private:
-    DecodeWriteStages stages;
 };
 
 // Both steps in one pipeline: the completions (which read the ring as it
@@ -307,8 +304,9 @@ private:
 // (DecodeWriteArguments), or flat tokens and query_start_loc
 // (DecodeRaggedArguments).
 template <typename T, typename Args>
-class DecodeUpdateBase : public KpoolGenerator<T> {
+class DecodeUpdateBase : public KpoolGenerator<T, DecodeUpdateStages> {
 public:
+    using KpoolGenerator<T, DecodeUpdateStages>::stages;
     GeneratorParam<int> pool_size{"pool_size", 4, 1, KPOOL_MAX_POOL_SIZE};
     GeneratorParam<Arithmetic> arithmetic{"arithmetic", Arithmetic::Exact, kArithmeticNames};
     GeneratorParam<DecodeLayout> layout{"layout", DecodeLayout::WarpPerToken,
@@ -366,11 +364,8 @@ public:
         if (!this->using_autoscheduler()) {
             stages.write.pipeline = this->get_pipeline();  // for the schedule's lowering pass
         }
-        this->schedule_with(schedule_decode_update, stages);
+        this->schedule_with(schedule_decode_update);
     }
-
-private:
-    DecodeUpdateStages stages;
 };
 
 // The [B, N] layout's own constraints: each request's next_n tokens in
@@ -460,7 +455,7 @@ struct DecodeRaggedArguments {
 
 class DecodeUpdateRagged : public DecodeUpdateBase<DecodeUpdateRagged, DecodeRaggedArguments> {};
 
-class DecodeStashTail : public KpoolGenerator<DecodeStashTail> {
+class DecodeStashTail : public KpoolGenerator<DecodeStashTail, DecodeStashStages> {
 public:
     Input<Buffer<void, 2>> tail_slot_mapping{"tail_slot_mapping"};  // (token, request), int32 or int64
     Input<Buffer<uint16_t, 3>> key{"key"};                          // (d, token, request)
@@ -484,11 +479,8 @@ public:
         key.set_estimates(estimate::decode_rows());
         slot_score.set_estimates(estimate::decode_rows());
         tail.set_estimates(estimate::tail_ring(estimate::kPoolSize));
-        schedule_with(schedule_decode_stash, stages);
+        schedule_with(schedule_decode_stash);
     }
-
-private:
-    DecodeStashStages stages;
 };
 
 }  // namespace kpool

@@ -45,7 +45,7 @@ Func minus_one_outside(const Func &f, Expr extent) {
 
 }  // namespace
 
-class ExpandPoolsAndAppendTail : public KpoolGenerator<ExpandPoolsAndAppendTail> {
+class ExpandPoolsAndAppendTail : public KpoolGenerator<ExpandPoolsAndAppendTail, ExpandStages> {
 public:
     Input<Buffer<void, 2>> pool_ids{"pool_ids"};      // (g, row) int32 or int64
     Input<int> groups{"groups"};                      // G: pool_ids columns in use
@@ -79,8 +79,7 @@ public:
         Expr tail = select(seq_len >= 0 && tail_off < seq_len - tail_start, tail_start + tail_off, -1);
         out(c, row) = select(c < topk, history, tail);
         seq_lens.dim(0).set_stride(Expr());
-        stages.out = out;
-        stages.pool_size = pool_size;
+        stages.define(ExpandStages::Kind::PoolsAndAppendTail, out, pool_size);
     }
 
     void schedule() {
@@ -91,14 +90,11 @@ public:
         pool_size.set_estimate(kMaxPoolSize);
         bound_pool_ids.set_estimate(true);
         out.set_estimates({{0, kTopk + kPoolSize - 1}, {0, kExpandRows}});
-        schedule_with(schedule_expand, stages);
+        schedule_with(schedule_expand);
     }
-
-private:
-    ExpandStages stages{ExpandStages::Kind::PoolsAndAppendTail};
 };
 
-class ExpandPoolsToTokens : public KpoolGenerator<ExpandPoolsToTokens> {
+class ExpandPoolsToTokens : public KpoolGenerator<ExpandPoolsToTokens, ExpandStages> {
 public:
     Input<Buffer<void, 2>> group_ids{"group_ids"};         // (g, row) int32 or int64
     Input<Buffer<uint8_t, 2>> group_valid{"group_valid"};  // (g, row)
@@ -118,8 +114,7 @@ public:
         Expr token = cast<int64_t>(group_ids(g, row)) * P + pool.mod(c);
         Expr mapped = map_token(token, row, token_map, page_table, topk_offsets);
         out(c, row) = select(group_valid(g, row) != 0, mapped, -1);
-        stages.out = out;
-        stages.pool_size = pool_size;
+        stages.define(ExpandStages::Kind::PoolsToTokens, out, pool_size);
     }
 
     void schedule() {
@@ -129,14 +124,11 @@ public:
         estimate_token_map(page_table, topk_offsets, token_map);
         pool_size.set_estimate(kMaxPoolSize);
         out.set_estimates({{0, kTopk}, {0, kExpandRows}});
-        schedule_with(schedule_expand, stages);
+        schedule_with(schedule_expand);
     }
-
-private:
-    ExpandStages stages{ExpandStages::Kind::PoolsToTokens};
 };
 
-class AppendTailToTopk : public KpoolGenerator<AppendTailToTopk> {
+class AppendTailToTopk : public KpoolGenerator<AppendTailToTopk, ExpandStages> {
 public:
     Input<Buffer<int32_t, 2>> topk_result{"topk_result"};  // (col, row)
     Input<int> history_cols{"history_cols"};               // C: topk_result columns in use
@@ -160,8 +152,7 @@ public:
         out(c, row) = select(is_tail, tail, c < history_cols, history(c, row), -1);
         seq_lens.dim(0).set_stride(Expr());
         pool_lens.dim(0).set_stride(Expr());
-        stages.out = out;
-        stages.pool_size = pool_size;
+        stages.define(ExpandStages::Kind::AppendTail, out, pool_size);
     }
 
     void schedule() {
@@ -173,11 +164,8 @@ public:
         estimate_token_map(page_table, topk_offsets, token_map);
         pool_size.set_estimate(kMaxPoolSize);
         out.set_estimates({{0, kTopk + kPoolSize - 1}, {0, kExpandRows}});
-        schedule_with(schedule_expand, stages);
+        schedule_with(schedule_expand);
     }
-
-private:
-    ExpandStages stages{ExpandStages::Kind::AppendTail};
 };
 
 }  // namespace kpool

@@ -10,7 +10,7 @@ namespace kpool {
 
 using namespace Halide;
 
-class IndexCheck : public KpoolGenerator<IndexCheck> {
+class IndexCheck : public KpoolGenerator<IndexCheck, IndexCheckStages> {
 public:
     Input<Buffer<void, 2>> index{"index"};         // (i, row) int32 or int64, any strides
     Input<Buffer<uint8_t, 1>> enabled{"enabled"};  // (i): 0 = not a write (a write mask); stride 0 when absent
@@ -43,11 +43,8 @@ public:
         enabled.set_estimates({{0, kNextN}});
         limit.set_estimate(int64_t(kCacheBlocks) * kBlockSize);
         mark.set_estimates({{0, 1}});
-        schedule_with(schedule_index_check, stages);
+        schedule_with(schedule_index_check);
     }
-
-private:
-    IndexCheckStages stages;
 };
 
 }  // namespace kpool

@@ -7,7 +7,7 @@ namespace kpool {
 
 using namespace Halide;
 
-class NumericsProbe : public KpoolGenerator<NumericsProbe> {
+class NumericsProbe : public KpoolGenerator<NumericsProbe, NumericsProbeStages> {
 public:
     Input<Buffer<float, 1>> x{"x"};
     Output<Buffer<uint8_t, 1>> e4m3{"e4m3"};         // e4m3_encode(x)
@@ -27,16 +27,13 @@ public:
     }
 
     void schedule() { schedule_numerics_probe(stages, build_plan()); }
-
-private:
-    NumericsProbeStages stages;
 };
 
 // Test-only kernel: the GPU's exp, one path at a time, so that a test can
 // hold it to the correctly rounded exp on every f32 input the softmax pool
 // gives it: the fast path (exp_f32_fast_certified: its value and whether it
 // is certain), or with exact_path the exact path (certain is 1).
-class ExpProbe : public KpoolGenerator<ExpProbe> {
+class ExpProbe : public KpoolGenerator<ExpProbe, NumericsProbeStages> {
 public:
     GeneratorParam<bool> exact_path{"exact_path", false};
     Input<Buffer<float, 1>> x{"x"};
@@ -57,9 +54,6 @@ public:
     }
 
     void schedule() { schedule_numerics_probe(stages, build_plan()); }
-
-private:
-    NumericsProbeStages stages;
 };
 
 }  // namespace kpool

@@ -6,7 +6,7 @@ namespace kpool {
 
 using namespace Halide;
 
-class SeedTail : public KpoolGenerator<SeedTail> {
+class SeedTail : public KpoolGenerator<SeedTail, SeedTailStages> {
 public:
     Input<Buffer<uint16_t, 2>> key{"key"};                // (d, token) bf16 bits
     Input<Buffer<uint16_t, 2>> gate_score{"gate_score"};  // (d, token)
@@ -65,11 +65,8 @@ public:
         tslot.set_estimates({{0, kTokens}});
         pool_size.set_estimate(kMaxPoolSize);
         tail.set_estimates(in_place_tail());
-        schedule_with(schedule_seed_tail, stages);
+        schedule_with(schedule_seed_tail);
     }
-
-private:
-    SeedTailStages stages;
 };
 
 }  // namespace kpool

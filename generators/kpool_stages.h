@@ -55,8 +55,9 @@ struct BuildPlan {
 };
 
 // The base of every kpool generator: the parameters each kernel's build
-// passes (cmake/KpoolKernels.cmake), read back as its BuildPlan.
-template <typename T>
+// passes (cmake/KpoolKernels.cmake), read back as its BuildPlan, and the
+// stages its algorithm defines for a family's schedule hook.
+template <typename T, typename Stages>
 class KpoolGenerator : public Halide::Generator<T> {
 public:
     Halide::GeneratorParam<std::string> gpu{"gpu", ""};                    // BuildPlan::gpu
@@ -77,12 +78,13 @@ protected:
     // The family's schedule of this kernel's stages (a hook below), unless
     // an autoscheduler schedules it (a twin): every generator's schedule()
     // sets its estimates, then calls this.
-    template <typename Stages>
-    void schedule_with(void (*hook)(Stages &, const BuildPlan &), Stages &stages) {
+    void schedule_with(void (*hook)(Stages &, const BuildPlan &)) {
         if (!this->using_autoscheduler()) {
             hook(stages, build_plan());
         }
     }
+
+    Stages stages;
 
 private:
     std::optional<BuildPlan> plan_;
@@ -247,6 +249,12 @@ struct ExpandStages {
     Var col{"col"}, row{"row"};
     Func out;
     Expr pool_size;  // P, a power of two: a schedule may specialize on the common ones
+
+    void define(Kind k, Func f, Expr P) {
+        kind = k;
+        out = std::move(f);
+        pool_size = std::move(P);
+    }
 };
 
 // The index check: one word marked over the entries of an index input.

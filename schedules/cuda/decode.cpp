@@ -16,33 +16,11 @@ namespace kpool::cuda {
 
 namespace {
 
-// P: the slot RDom's extent, a constant of every decode kernel.
-int pool_size(const DecodeWriteStages &s) {
-    const std::optional<int64_t> P = as_const_int(s.compress.pool.slot.x.extent());
-    if (!P) {
-        throw CompileError("decode's pool size must be a constant of the kernel");
-    }
-    return static_cast<int>(*P);
-}
-
 // The walk over earlier tokens (ring_writer) at `at`, each earlier token
 // read once for all P members.
 void compute_ring_walk_at(DecodeWriteStages &s, LoopLevel at) {
     s.ring_writer.compute_at(at).unroll(s.j);
     s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
-}
-
-// Both slot folds over groups of `group` slots, each group unrolled: a
-// group's member loads are in flight together (a latency per group and
-// fold, not per slot).
-void folds_in_groups(SoftmaxPool &p, int group) {
-    RVar later_group{"later_slot_group"}, later_in{"later_slot_in_group"};
-    if (p.max_logit.has_update_definition()) {
-        p.max_logit.update(0)
-            .split(p.later_slot.x, later_group, later_in, group, TailStrategy::GuardWithIf)
-            .unroll(later_in);
-    }
-    weighted_sum_in_groups(p, group);
 }
 
 // A completion's pool, each element on a thread of its own: the exact
@@ -67,15 +45,7 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
     SoftmaxPool &p = c.pool;
     p.max_logit.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
     p.weighted_sum.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
-    if (pool_size(s) <= plan.decode_unrolled_exact_slots) {
-        if (p.max_logit.has_update_definition()) {
-            p.max_logit.update(0).unroll(p.later_slot);
-        }
-        p.weighted_sum.update(0).unroll(p.slot);
-        p.weight.compute_at(p.weighted_sum, p.slot);
-    } else {
-        folds_in_groups(p, plan.decode_exact_slot_group);
-    }
+    unrolled_folds(p, plan.decode_unrolled_exact_slots, plan.decode_exact_slot_group);
     p.weight.store_in(MemoryType::Register);
     compute_ring_walk_at(s, LoopLevel(c.pooled_bf16, dl));
     compute_row_in_warp(c.rotate, s.v, s.lane, LoopLevel(s.cache, token));
@@ -91,7 +61,7 @@ void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token
     const int group = !vector_values ? plan.decode_token_unrolled_slots
                       : triton       ? plan.decode_lane_unrolled_slots
                                      : plan.decode_lane_unrolled_exact_slots;
-    const bool unroll_slots = pool_size(s) <= group;
+    const bool unroll_slots = pool_size_of(s.compress.pool) <= group;
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, token), unroll_slots,
                          vector_values);
     if (!vector_values) {

@@ -21,8 +21,8 @@
 // their barriers (Halide's skip conditions, gathered by
 // BlockUniformBarriers, block_barriers.h).
 #include "decode_block.h"
+#include "warp_helpers.h"
 
-#include <optional>
 #include <string>
 
 namespace kpool::cuda {
@@ -47,14 +47,6 @@ void in_block_shared(Func f, const Var &v, const Var &lane, const LoopLevel &tok
     f.compute_at(token_loop).store_in(MemoryType::GPUShared).reorder(lane, v).gpu_threads(v).gpu_lanes(lane);
 }
 
-int pool_size_of(const SoftmaxPool &p) {
-    const std::optional<int64_t> P = as_const_int(p.slot.x.extent());
-    if (!P) {
-        throw CompileError("decode's pool size must be a constant of the kernel");
-    }
-    return static_cast<int>(*P);
-}
-
 // Step 1's pool: a thread's dim, its slot folds in registers.
 void pool_one_dim_a_thread(DecodeWriteStages &w, const BlockSlotFolds &folds, const LoopLevel &warp_loop) {
     CompressPool &c = w.compress;
@@ -69,23 +61,7 @@ void pool_one_dim_a_thread(DecodeWriteStages &w, const BlockSlotFolds &folds, co
     p.max_logit.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
     p.weighted_sum.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
     p.weight.store_in(MemoryType::Register);
-    if (pool_size_of(p) <= folds.unrolled_slots) {
-        if (p.max_logit.has_update_definition()) {
-            p.max_logit.update(0).unroll(p.later_slot);
-        }
-        p.weighted_sum.update(0).unroll(p.slot);
-        p.weight.compute_at(p.weighted_sum, p.slot);
-    } else {
-        RVar later_group{"later_slot_group"}, later_in{"later_slot_in_group"};
-        if (p.max_logit.has_update_definition()) {
-            p.max_logit.update(0)
-                .split(p.later_slot.x, later_group, later_in, folds.slot_group, TailStrategy::GuardWithIf)
-                .unroll(later_in);
-        }
-        RVar slot_group{"slot_group"}, slot_in{"slot_in_group"};
-        p.weighted_sum.update(0).split(p.slot.x, slot_group, slot_in, folds.slot_group).unroll(slot_in);
-        p.weight.compute_at(p.weighted_sum, slot_in);
-    }
+    unrolled_folds(p, folds.unrolled_slots, folds.slot_group);
     // The walk over the request's earlier tokens (whose stash holds each
     // member), each earlier token read once for all P members.
     w.ring_writer.compute_at(c.pooled_bf16, dl).unroll(w.j);

@@ -1,6 +1,7 @@
 // The shared warp placements (warp_helpers.h).
 #include "warp_helpers.h"
 
+#include <optional>
 #include <string>
 
 namespace kpool::cuda {
@@ -106,6 +107,36 @@ RVar weighted_sum_in_groups(SoftmaxPool &p, int group) {
     p.weighted_sum.update(0).split(p.slot.x, slot_group, slot_in, group).unroll(slot_in);
     p.weight.compute_at(p.weighted_sum, slot_in);
     return slot_group;
+}
+
+void folds_in_groups(SoftmaxPool &p, int group) {
+    RVar later_group{"later_slot_group"}, later_in{"later_slot_in_group"};
+    if (p.max_logit.has_update_definition()) {
+        p.max_logit.update(0)
+            .split(p.later_slot.x, later_group, later_in, group, TailStrategy::GuardWithIf)
+            .unroll(later_in);
+    }
+    weighted_sum_in_groups(p, group);
+}
+
+void unrolled_folds(SoftmaxPool &p, int unrolled_slots, int group) {
+    if (pool_size_of(p) > unrolled_slots) {
+        folds_in_groups(p, group);
+        return;
+    }
+    if (p.max_logit.has_update_definition()) {
+        p.max_logit.update(0).unroll(p.later_slot);
+    }
+    p.weighted_sum.update(0).unroll(p.slot);
+    p.weight.compute_at(p.weighted_sum, p.slot);
+}
+
+int pool_size_of(const SoftmaxPool &p) {
+    const std::optional<int64_t> P = as_const_int(p.slot.x.extent());
+    if (!P) {
+        throw CompileError("decode's pool size must be a constant of the kernel");
+    }
+    return static_cast<int>(*P);
 }
 
 }  // namespace kpool::cuda

@@ -40,4 +40,16 @@ void compute_pool_in_warp(CompressPool &c, const RowLayout &layout, const Var &d
 // inside it: returns the loop over the groups.
 RVar weighted_sum_in_groups(SoftmaxPool &p, int group);
 
+// Both slot folds over groups of `group` slots, each group unrolled: a
+// group's member loads are in flight together (a latency per group and
+// fold, not per slot).
+void folds_in_groups(SoftmaxPool &p, int group);
+
+// Both slot folds unrolled whole up to `unrolled_slots` slots (each slot's
+// weight computed inside the sum), past it in unrolled groups of `group`.
+void unrolled_folds(SoftmaxPool &p, int unrolled_slots, int group);
+
+// P: the slot RDom's extent, a constant of every decode kernel.
+int pool_size_of(const SoftmaxPool &p);
+
 }  // namespace kpool::cuda
