@@ -44,12 +44,17 @@ void count(LoadedImage image) {
 // kernel's module load through it, in the context of the call's device).
 int kpool_module_load_data_ex(void **module, const void *image, unsigned num_options, int *options,
                               void **option_values) {
-    // $KPOOL_CUDA_IMAGE=ptx: JIT-compile every module from its PTX (the
+    // A measurement hook (KPOOL_MEASUREMENT_HOOKS builds only):
+    // $KPOOL_CUDA_IMAGE=ptx JIT-compiles every module from its PTX (the
     // fallback's path on a GPU the SASS fits; the first call's time without SASS).
+#ifdef KPOOL_MEASUREMENT_HOOKS
     static const bool ptx_only = [] {
         const char *asked = std::getenv("KPOOL_CUDA_IMAGE");
         return asked != nullptr && std::strcmp(asked, "ptx") == 0;
     }();
+#else
+    constexpr bool ptx_only = false;
+#endif
     LoadedImage loaded = LoadedImage::None;
     const int result =
         load_module(kSassImages, kSassImageCount, driver_entries.load, !ptx_only, module, image, num_options, options,

@@ -45,7 +45,7 @@ const char kUsage[] =
     "      The library's version and the devices it was built for; on a GPU, the\n"
     "      family it runs there and which image of its kernels the device loaded\n"
     "      (the build's SASS, or PTX JIT-compiled by the driver), with the time\n"
-    "      loading and running every kernel once took ($KPOOL_CUDA_IMAGE=ptx: PTX).\n"
+    "      loading and running every kernel once took (measurement builds: $KPOOL_CUDA_IMAGE=ptx, PTX).\n"
     "  help\n"
     "      This text.\n"
     "\n"

@@ -293,8 +293,8 @@ kpool_status_code kpool_cuda_warm_up(int32_t device_index, const kpool_exec *exe
  * GPU family whose kernels it runs, and how many kernel modules it loaded so
  * far as the SASS embedded in the build (assembled for the family's PTX
  * target: no JIT) and how many it JIT-compiled from their PTX (a GPU the SASS
- * does not fit, a driver older than the build's ptxas, or
- * $KPOOL_CUDA_IMAGE=ptx). Modules load at a variant's first call, or all at
+ * does not fit, a driver older than the build's ptxas, or, in a build with
+ * KPOOL_MEASUREMENT_HOOKS, $KPOOL_CUDA_IMAGE=ptx). Modules load at a variant's first call, or all at
  * once in kpool_cuda_warm_up. */
 typedef struct kpool_cuda_images {
     char family[16];
