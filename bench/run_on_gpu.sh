@@ -160,7 +160,14 @@ step "bench --arithmetic exact" bench_exact.log \
 
 # The schedule tuner on the bundle, in the time left (docs/tuning.md): its
 # results are $out/tune_results.json, for `kpool_tune.py apply --keep` back home.
+# First each op's autoscheduled twin timed beside ours and the reference
+# (the bundle's library: its hand variants and its twins).
 if [ -f build-tune/candidates.json ]; then
+    step "bench: the autoscheduled twins beside ours" twins.log env KPOOL_LIBRARY=build-tune/libkpool.so \
+        python3 bench/bench_gpu.py --quick --no-graph --min-runs 20 --only fwht,compress,seed,decode,expand \
+        --twins build-tune --out "$out/kpool_twins.json"
+    summary+=("  twins: $(grep -c ' twin ' "$out/twins.log") cases timed, $(grep ' twin ' "$out/twins.log" \
+        | grep -vc ' exact$' || true) not exact or failed")
     tune_budget=$((deadline - SECONDS - 30))
     tune_args=()
     [ "$tune_budget" -lt 300 ] && tune_args=(--quick)
