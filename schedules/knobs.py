@@ -43,6 +43,15 @@ import sys
 KNOB_LINE = re.compile(r"^([a-z0-9_.]+)\s*=\s*(-?\d+)\s*:\s*([-\d ]+?)\s*$")
 OVERRIDE_LINE = re.compile(r"^([a-z0-9_.]+)\s*=\s*(-?\d+)\s*$")
 TUNED_REASON = "tuned: kpool_tune.py apply (tools/tune), the fastest measured"
+
+
+def reason_above(raws, k):
+    """Whether a comment line stands above line k (0-based) and the plain
+    override lines from it up: one reason for a run of overrides (as
+    write_values writes a tuner's winners)."""
+    while k >= 0 and OVERRIDE_LINE.match(raws[k].strip()):
+        k -= 1
+    return k >= 0 and raws[k].strip().startswith("#")
 KNOB_NAME = re.compile(r"\b([a-z][a-z0-9_]*)\.([a-z][a-z0-9_]*)\b")
 
 
@@ -86,10 +95,9 @@ class Knobs:
                                      f"is \"name = value : legal values\")")
                 if name in self.overrides:
                     raise KnobsError(f"{where}: {name} given twice")
-                reason = "#" in raw or (number > 1 and raws[number - 2].strip().startswith("#"))
-                if not reason:
+                if not ("#" in raw or reason_above(raws, number - 2)):
                     raise KnobsError(f"{where}: the override {name} = {value} says no reason (a comment on "
-                                     f"its line or right above it)")
+                                     f"its line, or right above it or above its run of overrides)")
                 if value not in self.legal[name]:
                     raise KnobsError(f"{where}: {name} = {value} is not among its legal values "
                                      f"({' '.join(map(str, self.legal[name]))}, {self.base.path})")

@@ -80,6 +80,15 @@ def test_the_reader_rejects_what_the_configure_must(tmp_path):
     (tmp_path / "sm90.knobs").write_text("base cuda.base\n# the reason\nfwht.values = 16\n")
     knobs = kf.Knobs(tmp_path / "sm90.knobs")
     assert knobs.values["fwht.values"] == 16 and knobs.overrides == {"fwht.values": 16}
+    # A tuner's winners of one unit: one reason above their run of overrides.
+    kf.write_values(tmp_path / "sm90.knobs", {"expand.cols": 1024, "expand.append_cols": 512})
+    assert (tmp_path / "sm90.knobs").read_text().endswith(
+        f"# {kf.TUNED_REASON}\nexpand.cols = 1024\nexpand.append_cols = 512\n")
+    assert kf.Knobs(tmp_path / "sm90.knobs").overrides == {"fwht.values": 16, "expand.cols": 1024,
+                                                           "expand.append_cols": 512}
+    (tmp_path / "sm90.knobs").write_text("base cuda.base\n# why\nfwht.values = 16  # its own\nfwht.run = 16\n")
+    with pytest.raises(kf.KnobsError, match="fwht.run = 16 says no reason"):
+        kf.Knobs(tmp_path / "sm90.knobs")
     assert knobs.files() == [str(tmp_path / "sm90.knobs"), str(tmp_path / "cuda.base")]
 
 

@@ -27,6 +27,11 @@ def winners(results, min_gain=0.02):
     return out
 
 
+def first_line(error):
+    """An error's first line (CUDA's errors go on with advice)."""
+    return (error.strip().splitlines() or [""])[0]
+
+
 def table(results, min_gain=0.02):
     lines = ["| unit | case | reference µs | hand µs | tuned µs | tuned knobs | autoscheduled µs |",
              "| --- | --- | ---: | ---: | ---: | --- | ---: |"]
@@ -50,17 +55,17 @@ def table(results, min_gain=0.02):
     lines.append("")
     for unit, e in results["units"].items():
         if e.get("reference", {}).get("error"):
-            lines.append(f"{unit}: the reference was not timed: {e['reference']['error']}")
+            lines.append(f"{unit}: the reference was not timed: {first_line(e['reference']['error'])}")
     for c in failed:
-        lines.append(f"{c['unit']}: {c['autoscheduler']} could not schedule it: {c['error']}")
+        lines.append(f"{c['unit']}: {c['autoscheduler']} could not schedule it: {first_line(c['error'])}")
     for c in not_built:
         if not c.get("autoscheduler"):
-            lines.append(f"{c['unit']}: {knob_string(c['changed'])} did not build: {c['error']}")
+            lines.append(f"{c['unit']}: {knob_string(c['changed'])} did not build: {first_line(c['error'])}")
     for unit, e in results["units"].items():
         for c in e["candidates"]:
             if not c["valid"]:
                 what = c.get("autoscheduler") or knob_string(c["changed"])
-                lines.append(f"{unit}: {what} failed: {c['error']}")
+                lines.append(f"{unit}: {what} failed: {first_line(c['error'])}")
     return "\n".join(lines)
 
 
