@@ -20,8 +20,8 @@
 //   test_gpu_expand.cpp    GpuExpandAndAppend, GpuExpandToTokens, GpuAppendTail,
 //                          GpuExpandManyRows
 //                          engine-shaped random inputs for every op and the
-//                          axes an engine varies (pool sizes 4, 8, 16: the CUDA
-//                          variants built; decode runs as one kernel for
+//                          axes an engine varies (pool sizes 4, 8, 16, the
+//                          engines' own; decode runs as one kernel for
 //                          every next_n); *Many*: 70000 requests / rows,
 //                          past grid y's 65535.
 //   test_gpu_engine_sequences.cpp
@@ -74,11 +74,14 @@ using kpool_support::Device;
 using kpool_support::DeviceBuffer;
 namespace cu = kpool_support::cuda;
 
-// The pool sizes with a CUDA compress / decode variant (KPOOL_CUDA_POOL_SIZES).
+// The pool sizes with a CUDA compress / decode variant (KPOOL_CUDA_POOL_SIZES):
+// every one of the contract, 1 to 64 (PoolSizes checks the build's table).
 inline constexpr int kGpuPoolSizes[] = {KPOOL_CUDA_POOL_SIZE_LIST};
-// The expand ops take P at run time, specialized for those on CUDA:
-// both the specializations and the general kernel.
-inline constexpr int kGpuExpandPoolSizes[] = {1, 2, 4, 8, 16, 32};
+// Those with a block-per-request decode kernel (KPOOL_CUDA_BLOCK_POOL_SIZES:
+// a layout the runtime takes only when forced, not part of the contract).
+inline constexpr int kGpuBlockPoolSizes[] = {KPOOL_CUDA_BLOCK_POOL_SIZE_LIST};
+// The expand ops take P at run time, specialized for those on CUDA.
+inline constexpr int kGpuExpandPoolSizes[] = {1, 2, 4, 8, 16, 32, 64};
 
 // ---------------------------------------------------------------------------
 // The GPU, or why not

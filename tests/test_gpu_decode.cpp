@@ -6,11 +6,13 @@
 // are not 8-byte words at every P, GpuDecodeManyRequests past grid y,
 // GpuDecodeSharedTailBlock the cross-request rule of docs/behaviour.md,
 // GpuDecodeByBlock the block-per-request layout (a completion over four
-// warps) forced, against the CPU and against the other layouts.
+// warps) forced, against the CPU and against the other layouts (at the
+// pool sizes without its kernels, the warp per token it falls back to).
 #include <algorithm>
 #include <random>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "dispatch.h"
 #include "gpu_fixtures.h"
@@ -242,9 +244,30 @@ bool block_kernels_built(int P) {
     return built;
 }
 
+// The block-per-request kernels are built for kGpuBlockPoolSizes only: at
+// another pool size a call forced into the layout runs the warp per token
+// (runtime/ops/decode.cpp), so these tests then check that fallback.
+void check_block_kernels(int P) {
+    const bool listed = std::find(std::begin(kGpuBlockPoolSizes), std::end(kGpuBlockPoolSizes), P) !=
+                        std::end(kGpuBlockPoolSizes);
+    ASSERT_EQ(block_kernels_built(P), listed) << "block-per-request kernels of P = " << P
+                                              << (listed ? " missing" : " built, not in kGpuBlockPoolSizes");
+}
+
+// The pool sizes without block-per-request kernels.
+std::vector<int> pool_sizes_without_block_kernels() {
+    std::vector<int> sizes;
+    for (const int P : kGpuPoolSizes) {
+        if (std::find(std::begin(kGpuBlockPoolSizes), std::end(kGpuBlockPoolSizes), P) == std::end(kGpuBlockPoolSizes)) {
+            sizes.push_back(P);
+        }
+    }
+    return sizes;
+}
+
 TEST_P(GpuDecodeByBlock, MatchesCpu) {
     const auto [P, N] = GetParam();
-    ASSERT_TRUE(block_kernels_built(P)) << "no block-per-request kernel of P = " << P;
+    ASSERT_NO_FATAL_FAILURE(check_block_kernels(P));
     const ScopedDecodeLayout layout(DecodeLayoutChoice::block_per_request);
     for (const int ring_mult : {1, 2, 3}) {
         SCOPED_TRACE("ring " + std::to_string(ring_mult) + "P");
@@ -264,7 +287,7 @@ TEST_P(GpuDecodeByBlock, MatchesCpu) {
 
 TEST_P(GpuDecodeByBlock, EqualsTheOtherLayoutsInTheReferenceArithmetic) {
     const auto [P, N] = GetParam();
-    ASSERT_TRUE(block_kernels_built(P)) << "no block-per-request kernel of P = " << P;
+    ASSERT_NO_FATAL_FAILURE(check_block_kernels(P));
     const int64_t ring = 2 * int64_t(P), B = N <= 4 ? 64 : 17, tail_blocks = B + 4, block_size = 16;
     const int64_t num_blocks = std::max<int64_t>(4, (2 * B * N) / block_size + 2);
     std::mt19937 rng(7300 + P * 31 + N);
@@ -294,7 +317,7 @@ TEST_P(GpuDecodeByBlock, EqualsTheOtherLayoutsInTheReferenceArithmetic) {
 // requests of 0 to N tokens, against the CPU (which pads on the host).
 TEST_P(GpuDecodeByBlock, RaggedMatchesCpu) {
     const auto [P, N] = GetParam();
-    ASSERT_TRUE(block_kernels_built(P)) << "no block-per-request kernel of P = " << P;
+    ASSERT_NO_FATAL_FAILURE(check_block_kernels(P));
     const ScopedDecodeLayout layout(DecodeLayoutChoice::block_per_request);
     std::mt19937 rng(7600 + P * 31 + N);
     const int64_t B = 40, ring = 2 * P, tail_blocks = 48, block_size = 64, num_blocks = 8;
@@ -315,11 +338,15 @@ TEST_P(GpuDecodeByBlock, RaggedMatchesCpu) {
     EXPECT_TRUE(tail.cpu().bytes() != tail0.bytes()) << "the test stashed nothing";
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecodeByBlock, Combine(ValuesIn(kGpuPoolSizes), Values(1, 2, 3, 4, 7, 20)),
-                         [](const auto &info) {
-                             return "P" + std::to_string(std::get<0>(info.param)) + "_n" +
-                                    std::to_string(std::get<1>(info.param));
-                         });
+std::string pool_and_next_n(const ::testing::TestParamInfo<std::tuple<int, int>> &info) {
+    return "P" + std::to_string(std::get<0>(info.param)) + "_n" + std::to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuDecodeByBlock, Combine(ValuesIn(kGpuBlockPoolSizes), Values(1, 2, 3, 4, 7, 20)),
+                         pool_and_next_n);
+// Forced into the block layout where it has no kernel: the warp per token runs.
+INSTANTIATE_TEST_SUITE_P(GpuWithoutBlockKernels, GpuDecodeByBlock,
+                         Combine(ValuesIn(pool_sizes_without_block_kernels()), Values(1, 4)), pool_and_next_n);
 
 }  // namespace
 }  // namespace kpool_test

@@ -20,7 +20,8 @@ extern "C" {
 #endif
 
 #define KPOOL_HEAD_DIM 128
-/* Pool sizes are powers of two up to this; every one has a CPU variant. */
+/* Pool sizes are powers of two up to this; every one has a variant on the
+ * CPU and on every CUDA family built. */
 #define KPOOL_MAX_POOL_SIZE 64
 /* Bytes of one slot of the paged K cache, uint8 [num_blocks, block_size,
  * KPOOL_CACHE_ROW_BYTES]: a page holds its slots' e4m3 codes (KPOOL_HEAD_DIM

@@ -138,3 +138,55 @@ def test_outputs_are_allocated_on_the_inputs_device(extension):
                 assert g.device == device and (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride()), op
                 assert g._use_count() == 1, f"{op}: the output's at::Tensor handle is still held (a leak)"
                 assert _bytes_equal(g, w), op
+
+
+def _pool_case(P, seed):
+    """Engine-shaped tensors for compress and a decode step at pool size P:
+    a paged K cache, a tail ring of 2P slots a request, 3 requests of 3
+    tokens whose positions complete a pool (and stash into the ring)."""
+    g = torch.Generator().manual_seed(seed)
+    D, page, ring, B, N = 128, 64, 2 * P, 3, 3
+
+    def bf16(*shape):
+        return torch.randn(shape, generator=g).to(torch.bfloat16)
+
+    n = 5
+    positions = torch.tensor([[b * 7 + P - 2 + t for t in range(N)] for b in range(B)], dtype=torch.int32)
+    positions[2, 2] = -1  # padding
+    slots = torch.where(positions % P == P - 1, torch.arange(B * N, dtype=torch.int32).view(B, N) + 40, -1)
+    slots = torch.where(positions >= 0, slots, -1).to(torch.int32)
+    tail_slots = torch.where(positions >= 0, torch.arange(B, dtype=torch.int32).view(B, 1) * ring + positions % ring,
+                             -1).to(torch.int32)
+    return dict(
+        kv_cache=torch.randint(0, 256, (4, page, D + 4), generator=g, dtype=torch.uint8),
+        tail_kv_cache=bf16(B, 2, ring, D),
+        slot_k=bf16(n, P, D), slot_score=bf16(n, P, D), ape=torch.randn((P, D), generator=g) * 0.5,
+        loc=torch.tensor([3, 9, 70, 100, 200]),
+        step_key=bf16(B, N, D), step_score=bf16(B, N, D),
+        positions=positions, slot_mapping=slots, tail_slot_mapping=tail_slots,
+    )
+
+
+def _pool_ops(s, P):
+    kpool.kpool_compress_and_write_cache(s["kv_cache"], s["slot_k"], s["slot_score"], s["ape"], s["loc"], P)
+    kpool.kpool_decode_update_and_maybe_write_cache_batched(
+        s["kv_cache"], s["tail_kv_cache"], s["tail_slot_mapping"], s["step_key"], s["step_score"], s["ape"],
+        s["slot_mapping"], s["positions"], P)
+
+
+@pytest.mark.parametrize("P", [1, 2, 4, 8, 16, 32, 64])
+def test_every_pool_size_of_the_contract_gives_the_cpus_bytes_on_cuda(P):
+    """Every pool size the CPU takes runs on CUDA (one rule, SPEC): compress
+    and a decode step in the exact arithmetic write the CPU's bytes into the
+    cache and the tail ring."""
+    cpu = _pool_case(P, 900 + P)
+    gpu = {k: v.to(DEV) for k, v in cpu.items()}
+    previous = kpool.set_arithmetic("exact")
+    try:
+        _pool_ops(cpu, P)
+        _pool_ops(gpu, P)
+    finally:
+        kpool.set_arithmetic(previous)
+    torch.cuda.synchronize()
+    assert _bytes_equal(gpu["kv_cache"].cpu(), cpu["kv_cache"])
+    assert _bytes_equal(gpu["tail_kv_cache"].cpu(), cpu["tail_kv_cache"])

@@ -43,12 +43,32 @@ void load_lane_logits(CompressPool &c, const CompressConditions &conditions, con
     logits.unroll(di);
 }
 
+// Compress's pool unrolls at most this many slots (the triton arithmetic's
+// whole pool, its exp one instruction; the words kernels' loads of every
+// slot up front). Past it, P x V logits and their loads pass the 128
+// registers (sm_90, P = 64 unrolled: 3.5-5.8 KB spilled a thread), so the
+// larger pools of the contract (32, 64) loop over their slots: the element
+// kernels slot by slot, as the exact arithmetic's do; the words kernels in
+// groups of slots with their logits in shared memory (pool_words_in_warp).
+constexpr int64_t kCompressUnrolledSlots = 16;
+
+// P: the slot RDom's extent, a constant of every compress kernel.
+int64_t pool_slots(const SoftmaxPool &p) {
+    const std::optional<int64_t> P = as_const_int(p.slot.x.extent());
+    if (!P) {
+        throw CompileError("compress's pool size must be a constant of the kernel");
+    }
+    return *P;
+}
+
 // The element kernels' pool (any strides): compute_pool_in_warp, its slot
 // folds unrolled in the triton arithmetic only (compute_pool_in_warp says
-// why), each lane's logits loaded as load_lane_logits places them.
+// why) and up to kCompressUnrolledSlots, each lane's logits loaded as
+// load_lane_logits places them.
 void pool_elements_in_warp(CompressPool &c, const CompressConditions &conditions, const RowLayout &layout,
                            const Var &d, const Var &v, const Var &lane, LoopLevel at) {
-    const bool unroll_slots = c.pool.arithmetic == Arithmetic::Triton;
+    const bool unroll_slots =
+        c.pool.arithmetic == Arithmetic::Triton && pool_slots(c.pool) <= kCompressUnrolledSlots;
     compute_pool_in_warp(c, layout, d, v, lane, at, unroll_slots);
     load_lane_logits(c, conditions, d, lane, unroll_slots);
 }
@@ -113,9 +133,30 @@ void check_logits_fit_shared_memory(const SoftmaxPool &p, const RowLayout &layou
     }
 }
 
+// A words kernel's threads a block: compress.row_threads, but past
+// kCompressUnrolledSlots slots (logits in shared memory, P x V f32 a
+// thread) halved until a block's logits fit kMaxDynamicSharedBytes (one
+// row at least: 128 x P f32, 32 KiB at P = 64), so the pools of 32 and 64
+// build with every legal knob (sm90, 128 threads at V = 4: 64 at P = 32,
+// 32 at P = 64). Up to kCompressUnrolledSlots a block is the knobs' own,
+// and a plan over the limit is refused (check_logits_fit_shared_memory).
+int words_block_threads(const CudaPlan &plan, const RowLayout &layout, const SoftmaxPool &p) {
+    const int64_t P = pool_slots(p);
+    int threads = plan.compress_row_threads;
+    if (P <= kCompressUnrolledSlots) {
+        return threads;
+    }
+    const int64_t thread_bytes = P * layout.values_per_lane * p.logit.type().bytes();
+    while (threads > layout.lanes() && thread_bytes * threads > kMaxDynamicSharedBytes) {
+        threads /= 2;
+    }
+    return threads;
+}
+
 // A words kernel's pool: every slot unrolled, its items loaded up front
 // (load_lane_items), unless the exact arithmetic's pool has more than
-// `unrolled_slots` slots: there P x (8 bytes of key and of score, 16 of
+// `unrolled_slots` slots, or any pool more than kCompressUnrolledSlots (the
+// triton arithmetic's then in groups of kCompressUnrolledSlots): there P x (8 bytes of key and of score, 16 of
 // ape) in flight at once and P x V logits beside the f64 exps pass the 128
 // registers (ptxas hoists every slot's loads in straight-line code, so
 // reading the keys in groups alone does not help).
@@ -128,17 +169,17 @@ void check_logits_fit_shared_memory(const SoftmaxPool &p, const RowLayout &layou
 void pool_words_in_warp(CompressPool &c, CompressLaneLoads &l, const RowLayout &layout, const Var &d, const Var &v,
                         const Var &lane, LoopLevel at, int unrolled_slots, int block_threads) {
     SoftmaxPool &p = c.pool;
-    const std::optional<int64_t> P = as_const_int(p.slot.x.extent());
-    if (!P) {
-        throw CompileError("compress's pool size must be a constant of the kernel");
-    }
-    const bool in_groups = p.arithmetic == Arithmetic::Exact && *P > unrolled_slots;
+    const int64_t P = pool_slots(p);
+    const bool in_groups = (p.arithmetic == Arithmetic::Exact && P > unrolled_slots) || P > kCompressUnrolledSlots;
     compute_pool_in_warp(c, layout, d, v, lane, at, !in_groups);
     if (!in_groups) {
         load_lane_items(c, l, lane);
         return;
     }
-    check_logits_fit_shared_memory(p, layout, *P, block_threads, unrolled_slots);
+    if (p.arithmetic == Arithmetic::Triton) {
+        unrolled_slots = static_cast<int>(kCompressUnrolledSlots);
+    }
+    check_logits_fit_shared_memory(p, layout, P, block_threads, unrolled_slots);
     const Var j = p.logit.args()[1];
     Var slot_group{"logit_slot_group"}, slot_in{"logit_slot_in_group"};
     p.logit.compute_at(c.pooled_bf16, lane)
@@ -170,22 +211,25 @@ void specialize_compress(StageOrFunc stage, const CompressConditions &conditions
 void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build) {
     const CudaPlan plan = plan_for(build);
     RVar lane{"write_lane"}, v{"write_v"}, pb{"pool_block"}, pi{"pool_in_block"};
+    const bool words = s.lane_loads.key.defined();
+    const int block_threads =
+        words ? words_block_threads(plan, s.layout, s.compress.pool) : plan.compress_row_threads;
     pure_stage_on_gpu(s.cache);
     // Duplicate locs are the caller's race, as in the reference (docs/).
     s.cache.update(0)
         .allow_race_conditions()
         .split(s.write.x, lane, v, s.layout.values_per_lane)
-        .split(s.write.y, pb, pi, plan.compress_row_threads / s.layout.lanes(), TailStrategy::GuardWithIf)
+        .split(s.write.y, pb, pi, block_threads / s.layout.lanes(), TailStrategy::GuardWithIf)
         .reorder(v, lane, pi, pb)
         .gpu_blocks(pb)
         .gpu_threads(pi)
         .gpu_lanes(lane);
-    if (s.lane_loads.key.defined()) {
+    if (words) {
         // The words kernels' codes rows start at 4-byte words (the
         // generator's constraint): a lane's V codes are V / 4 word stores.
         s.cache.update(0).vectorize(v);
         pool_words_in_warp(s.compress, s.lane_loads, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, pi),
-                           plan.compress_exact_words_unrolled_slots, plan.compress_row_threads);
+                           plan.compress_exact_words_unrolled_slots, block_threads);
         s.cache.update(0).specialize(s.conditions.round_scale);
         return;
     }
@@ -198,10 +242,12 @@ void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) 
     const CudaPlan plan = plan_for(build);
     Var pi{"pool_in_block"};
     const bool words = s.lane_loads.key.defined();  // codes rows of 4-byte words: vector stores
-    rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, plan.compress_row_threads, pi, 1, words);
+    const int block_threads =
+        words ? words_block_threads(plan, s.layout, s.compress.pool) : plan.compress_row_threads;
+    rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, block_threads, pi, 1, words);
     if (words) {
         pool_words_in_warp(s.compress, s.lane_loads, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi),
-                           plan.compress_exact_words_unrolled_slots, plan.compress_row_threads);
+                           plan.compress_exact_words_unrolled_slots, block_threads);
         s.out.specialize(s.conditions.round_scale);
         return;
     }

@@ -9,6 +9,7 @@
 #include "plan.h"
 #include "warp_helpers.h"
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -16,11 +17,31 @@ namespace kpool::cuda {
 
 namespace {
 
+// Up to this many members a completion's ring walk keeps its P writers in
+// registers (unrolled); past it (pools of 32 and 64) in shared memory, each
+// thread its own P words, a loop over the members: unrolled in registers
+// they spilled (sm_90, ptxas --maxrregcount 128: a warp per token P=32
+// 8-272 B, P=64 650-830 B; a warp per request P=64 190-380 B); in shared
+// memory, none. At most kRingWalkSharedBytes a block (the rest of the 48
+// KiB a launch may ask is the kernel's other shared stages': the pooled
+// row, the index table); a block of more threads than that allows (the
+// knobs' decode.tokens_per_block 8 at P = 64: 64 KiB) keeps the registers.
+constexpr int kRingWalkRegisterMembers = 16;
+constexpr int64_t kRingWalkSharedBytes = 32 * 1024;
+
 // The walk over earlier tokens (ring_writer) at `at`, each earlier token
-// read once for all P members.
-void compute_ring_walk_at(DecodeWriteStages &s, LoopLevel at) {
-    s.ring_writer.compute_at(at).unroll(s.j);
-    s.ring_writer.update(0).reorder(s.j, s.earlier).unroll(s.j);
+// read once for all P members, in a block of `block_threads`.
+void compute_ring_walk_at(DecodeWriteStages &s, LoopLevel at, int block_threads) {
+    s.ring_writer.compute_at(at);
+    s.ring_writer.update(0).reorder(s.j, s.earlier);
+    const int P = pool_size_of(s.compress.pool);
+    const int64_t shared_bytes = int64_t(P) * s.ring_writer.type().bytes() * block_threads;
+    if (P > kRingWalkRegisterMembers && shared_bytes <= kRingWalkSharedBytes) {
+        s.ring_writer.store_in(MemoryType::GPUShared);
+        return;
+    }
+    s.ring_writer.unroll(s.j);
+    s.ring_writer.update(0).unroll(s.j);
 }
 
 // A completion's pool, each element on a thread of its own: the exact
@@ -47,15 +68,18 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
     p.weighted_sum.compute_at(c.pooled_bf16, dl).store_in(MemoryType::Register);
     unrolled_folds(p, plan.decode_unrolled_exact_slots, plan.decode_exact_slot_group);
     p.weight.store_in(MemoryType::Register);
-    compute_ring_walk_at(s, LoopLevel(c.pooled_bf16, dl));
+    // (The block: the pool's 128 threads, or the stashes' warps.)
+    compute_ring_walk_at(s, LoopLevel(c.pooled_bf16, dl),
+                         std::max(kHeadDim, kWarpSize * plan.decode_tokens_per_block));
     compute_row_in_warp(c.rotate, s.v, s.lane, LoopLevel(s.cache, token));
 }
 
 // A completion's pool in its token's lanes (a warp at V = 4), each lane
 // pooling its V elements, slot folds unrolled where registers allow (a
 // decode call is latency-bound: every member's loads in flight at once).
-void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token, bool vector_values) {
-    compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane));
+void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token, bool vector_values,
+                   int block_threads) {
+    compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane), block_threads);
     SoftmaxPool &p = s.compress.pool;
     const bool triton = p.arithmetic == Arithmetic::Triton;
     const int group = !vector_values ? plan.decode_token_unrolled_slots
@@ -114,7 +138,7 @@ Stage schedule_completions(DecodeWriteStages &w, const CudaPlan &plan, bool per_
         } else {
             completions.unroll(v);
         }
-        pool_in_lanes(w, plan, w.write.y, aligned_rows);
+        pool_in_lanes(w, plan, w.write.y, aligned_rows, w.layout.lanes() * requests);
     } else {
         completions
             .split(w.write.y, chunk, token, per_element ? 1 : plan.decode_tokens_per_block, TailStrategy::GuardWithIf)
@@ -126,7 +150,7 @@ Stage schedule_completions(DecodeWriteStages &w, const CudaPlan &plan, bool per_
             pool_per_element(w, plan, token);
         } else {
             completions.gpu_threads(token);
-            pool_in_lanes(w, plan, token, false);
+            pool_in_lanes(w, plan, token, false, w.layout.lanes() * plan.decode_tokens_per_block);
         }
     }
     return completions;

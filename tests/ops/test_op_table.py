@@ -14,7 +14,8 @@ import op_table  # noqa: E402
 
 TABLE = os.path.join(REPO, "ops")
 CPU_AXES = {"pool": ["1", "2", "4"], "arithmetic": ["exact"], "words_arithmetic": []}
-CUDA_AXES = {"pool": ["4", "16"], "arithmetic": ["exact", "triton"], "words_arithmetic": ["triton"]}
+CUDA_AXES = {"pool": ["1", "4", "16"], "block_pool": ["4", "16"], "arithmetic": ["exact", "triton"],
+             "words_arithmetic": ["triton"]}
 
 
 def functions(device, cuda, axes, **selection):
@@ -33,6 +34,10 @@ def test_the_matrix_spans_each_kernels_axes_on_its_devices():
     cuda = functions("sm90", True, CUDA_AXES)
     assert "kpool_sm90_compress_to_cache_words_p16_bf16_i32_triton" in cuda
     assert "kpool_sm90_compress_to_cache_words_p16_bf16_i32" not in cuda  # words: the triton arithmetic only here
+    # The block-per-request decode: the block layout's pool sizes only (block_pool).
+    assert "kpool_sm90_decode_update_by_block_p16_triton" in cuda
+    assert "kpool_sm90_decode_update_p1_triton" in cuda and "kpool_sm90_decode_update_by_block_p1_triton" not in cuda
+    assert "kpool_sm90_decode_update_ragged_by_block_p1" not in cuda
     assert cuda["kpool_sm90_decode_update_by_request_p4_triton_i64"][1] == [
         "pool_size=4", "arithmetic=triton", "layout=warp_per_request", "aligned_rows=true",
         "tail_slot_mapping.type=int64", "slot_mapping.type=int64", "positions.type=int64"]
