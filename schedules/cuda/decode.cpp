@@ -10,7 +10,6 @@
 #include "warp_helpers.h"
 
 #include <algorithm>
-#include <optional>
 #include <vector>
 
 namespace kpool::cuda {
