@@ -46,6 +46,7 @@ timed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -375,19 +376,15 @@ class Twins:
         op = TWIN_OPS.get(case_op)
         return self.by_unit.get(op + ".exact" if self.exact and op in ("compress", "decode") else op)
 
+    @contextlib.contextmanager
     def selected(self, c):
-        twins = self
-
-        class Selected:
-            def __enter__(self):
-                if twins.select(c["id"]) == 0:
-                    twins.select(-1)
-                    raise RuntimeError(f"the bundle holds no kernel of twin {c['id']}")
-
-            def __exit__(self, *exc):
-                twins.select(-1)
-
-        return Selected()
+        """Twin c's kernels serve their keys (kpool_tune_select) inside the block."""
+        if self.select(c["id"]) == 0:
+            raise RuntimeError(f"the bundle holds no kernel of twin {c['id']}")
+        try:
+            yield
+        finally:
+            self.select(-1)
 
 
 def time_twin(kt, torch, tt, case, ours, twins, twin, min_runs):
