@@ -244,12 +244,16 @@ bool block_kernels_built(int P) {
     return built;
 }
 
+// Whether P is one of kGpuBlockPoolSizes.
+bool block_pool_size(int P) {
+    return std::find(std::begin(kGpuBlockPoolSizes), std::end(kGpuBlockPoolSizes), P) != std::end(kGpuBlockPoolSizes);
+}
+
 // The block-per-request kernels are built for kGpuBlockPoolSizes only: at
 // another pool size a call forced into the layout runs the warp per token
 // (runtime/ops/decode.cpp), so these tests then check that fallback.
 void check_block_kernels(int P) {
-    const bool listed = std::find(std::begin(kGpuBlockPoolSizes), std::end(kGpuBlockPoolSizes), P) !=
-                        std::end(kGpuBlockPoolSizes);
+    const bool listed = block_pool_size(P);
     ASSERT_EQ(block_kernels_built(P), listed) << "block-per-request kernels of P = " << P
                                               << (listed ? " missing" : " built, not in kGpuBlockPoolSizes");
 }
@@ -258,7 +262,7 @@ void check_block_kernels(int P) {
 std::vector<int> pool_sizes_without_block_kernels() {
     std::vector<int> sizes;
     for (const int P : kGpuPoolSizes) {
-        if (std::find(std::begin(kGpuBlockPoolSizes), std::end(kGpuBlockPoolSizes), P) == std::end(kGpuBlockPoolSizes)) {
+        if (!block_pool_size(P)) {
             sizes.push_back(P);
         }
     }

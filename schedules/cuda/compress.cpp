@@ -9,7 +9,6 @@
 #include "warp_helpers.h"
 
 #include <algorithm>
-#include <optional>
 #include <string>
 
 namespace kpool::cuda {
@@ -52,15 +51,6 @@ void load_lane_logits(CompressPool &c, const CompressConditions &conditions, con
 // groups of slots with their logits in shared memory (pool_words_in_warp).
 constexpr int64_t kCompressUnrolledSlots = 16;
 
-// P: the slot RDom's extent, a constant of every compress kernel.
-int64_t pool_slots(const SoftmaxPool &p) {
-    const std::optional<int64_t> P = as_const_int(p.slot.x.extent());
-    if (!P) {
-        throw CompileError("compress's pool size must be a constant of the kernel");
-    }
-    return *P;
-}
-
 // The element kernels' pool (any strides): compute_pool_in_warp, its slot
 // folds unrolled in the triton arithmetic only (compute_pool_in_warp says
 // why) and up to kCompressUnrolledSlots, each lane's logits loaded as
@@ -68,7 +58,7 @@ int64_t pool_slots(const SoftmaxPool &p) {
 void pool_elements_in_warp(CompressPool &c, const CompressConditions &conditions, const RowLayout &layout,
                            const Var &d, const Var &v, const Var &lane, LoopLevel at) {
     const bool unroll_slots =
-        c.pool.arithmetic == Arithmetic::Triton && pool_slots(c.pool) <= kCompressUnrolledSlots;
+        c.pool.arithmetic == Arithmetic::Triton && pool_size_of(c.pool) <= kCompressUnrolledSlots;
     compute_pool_in_warp(c, layout, d, v, lane, at, unroll_slots);
     load_lane_logits(c, conditions, d, lane, unroll_slots);
 }
@@ -141,7 +131,7 @@ void check_logits_fit_shared_memory(const SoftmaxPool &p, const RowLayout &layou
 // 32 at P = 64). Up to kCompressUnrolledSlots a block is the knobs' own,
 // and a plan over the limit is refused (check_logits_fit_shared_memory).
 int words_block_threads(const CudaPlan &plan, const RowLayout &layout, const SoftmaxPool &p) {
-    const int64_t P = pool_slots(p);
+    const int64_t P = pool_size_of(p);
     int threads = plan.compress_row_threads;
     if (P <= kCompressUnrolledSlots) {
         return threads;
@@ -169,7 +159,7 @@ int words_block_threads(const CudaPlan &plan, const RowLayout &layout, const Sof
 void pool_words_in_warp(CompressPool &c, CompressLaneLoads &l, const RowLayout &layout, const Var &d, const Var &v,
                         const Var &lane, LoopLevel at, int unrolled_slots, int block_threads) {
     SoftmaxPool &p = c.pool;
-    const int64_t P = pool_slots(p);
+    const int64_t P = pool_size_of(p);
     const bool in_groups = (p.arithmetic == Arithmetic::Exact && P > unrolled_slots) || P > kCompressUnrolledSlots;
     compute_pool_in_warp(c, layout, d, v, lane, at, !in_groups);
     if (!in_groups) {

@@ -134,7 +134,7 @@ void unrolled_folds(SoftmaxPool &p, int unrolled_slots, int group) {
 int pool_size_of(const SoftmaxPool &p) {
     const std::optional<int64_t> P = as_const_int(p.slot.x.extent());
     if (!P) {
-        throw CompileError("decode's pool size must be a constant of the kernel");
+        throw CompileError("a pool's size must be a constant of the kernel");
     }
     return static_cast<int>(*P);
 }

@@ -49,7 +49,7 @@ void folds_in_groups(SoftmaxPool &p, int group);
 // weight computed inside the sum), past it in unrolled groups of `group`.
 void unrolled_folds(SoftmaxPool &p, int unrolled_slots, int group);
 
-// P: the slot RDom's extent, a constant of every decode kernel.
+// P: the slot RDom's extent, a constant of every compress and decode kernel.
 int pool_size_of(const SoftmaxPool &p);
 
 }  // namespace kpool::cuda
