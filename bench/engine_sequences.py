@@ -158,9 +158,8 @@ def kpool_selection(kpool, e, P, buffer):
     kpool.expand_pools_and_append_tail(e["pool_ids"], e["seq_lens"], P, out=buffer[:rows])
 
 
-def selection_kernels(torch, fn):
-    """The CUDA kernels one call launches, by the profiler (and whether any
-    allocation was recorded)."""
+def launched_kernels(torch, fn):
+    """The CUDA kernels one call launches, by the profiler."""
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], profile_memory=True) as prof:
@@ -183,7 +182,9 @@ def run(torch, tt, gen, kpool, ref, roof, quick, time_graph):
                          ours_seq=lambda kv, tail: engine_prefill_insert(kpool, b, P, kv, tail),
                          ours=lambda kv, tail: kpool_prefill_insert(kpool, b, P, kv, tail))
             row = dict(sequence="prefill insert", params=dict(tokens=n, pool=P), min_bytes=prefill_min_bytes(n, b))
-            rows.append(finish(time_cache_calls(torch, tt, time_graph, row, calls, b), roof))
+            time_cache_calls(torch, tt, time_graph, row, calls, b)
+            row["ours_kernels"] = one_call_kernels(torch, calls["ours"], b)
+            rows.append(finish(row, roof, note=f"{len(row['ours_kernels'])} kernel(s)"))
             del b, calls
     for B in RAGGED_REQUESTS[:1] if quick else RAGGED_REQUESTS:
         for P in kt.POOLS:
@@ -193,7 +194,9 @@ def run(torch, tt, gen, kpool, ref, roof, quick, time_graph):
                          ours=lambda kv, tail: kpool_ragged_decode(kpool, s, P, kv, tail))
             row = dict(sequence="ragged decode", params=dict(requests=B, tokens=s["T"], pool=P),
                        min_bytes=ragged_min_bytes(s, P))
-            rows.append(finish(time_cache_calls(torch, tt, time_graph, row, calls, s), roof))
+            time_cache_calls(torch, tt, time_graph, row, calls, s)
+            row["ours_kernels"] = one_call_kernels(torch, calls["ours"], s)
+            rows.append(finish(row, roof, note=f"{len(row['ours_kernels'])} kernel(s)"))
             del s, calls
     for rows_n in SELECTION_ROWS[:1] if quick else SELECTION_ROWS:
         for P in kt.POOLS:
@@ -211,10 +214,23 @@ def run(torch, tt, gen, kpool, ref, roof, quick, time_graph):
                 if err:
                     row[f"{who}_graph_error"] = err
             row["exact"] = "exact" if torch.equal(buffers["ours"], buffers["ref"]) else "differs"
-            kernels = selection_kernels(torch, runs["ours"])
+            kernels = launched_kernels(torch, runs["ours"])
             row["ours_kernels"] = kernels
             rows.append(finish(row, roof, note=f"{len(kernels)} kernel(s)"))
     return rows
+
+
+def cache_copies(state):
+    """Fresh copies of a sequence's caches: the K cache, and the tail ring
+    (its base buffer and the strided view the calls take)."""
+    kv, tail_base = state["kv_cache"].clone(), state["tail_base"].clone()
+    return kv, tail_base, tail_base.as_strided(state["tail"].shape, state["tail"].stride())
+
+
+def one_call_kernels(torch, call, state):
+    """The kernels kpool's one call launches on fresh copies of the caches."""
+    kv, _, tail = cache_copies(state)
+    return launched_kernels(torch, lambda: call(kv, tail))
 
 
 def time_cache_calls(torch, tt, time_graph, row, calls, state):
@@ -223,8 +239,7 @@ def time_cache_calls(torch, tt, time_graph, row, calls, state):
     then timed in graph replay on those copies."""
     exact = {}
     for who, call in calls.items():
-        kv, tail_base = state["kv_cache"].clone(), state["tail_base"].clone()
-        tail = tail_base.as_strided(state["tail"].shape, state["tail"].stride())
+        kv, tail_base, tail = cache_copies(state)
         try:
             call(kv, tail)
             exact[who] = (kv.clone(), tail_base.clone())

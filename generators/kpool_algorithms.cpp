@@ -358,4 +358,23 @@ TailSlot clamp_tail_slot(Expr block, Expr ring_pos, Expr ring, Expr num_blocks) 
     return {clamp(block, 0, num_blocks - 1), clamp(ring_pos, 0, ring - 1)};
 }
 
+TailSeed::TailSeed(Func slots_, Expr pool_size, Expr ring_, Expr num_blocks_, Var token)
+    : slots(std::move(slots_)), ring(ring_, Divisor::Kind::Any), num_blocks(std::move(num_blocks_)),
+      seeded("seeded") {
+    // Only non-negative slots are divided (64-bit slots as they are).
+    Expr own = cast<int64_t>(slots(token)), ahead = cast<int64_t>(slots(token + pool_size));
+    Expr same_block = ahead >= 0 && ring.div(ahead) == ring.div(own);
+    Expr in_tail = ring.div(own) < cast<int64_t>(num_blocks);
+    seeded(token) = own >= 0 && in_tail && !same_block;
+}
+
+void TailSeed::write(Func tail, RDom &r, Expr d, Expr half, Expr token, Func key, Func gate_score, Expr n) const {
+    r.where(seeded(token));
+    TailSlot at = tail_slot(cast<int64_t>(slots(token)), ring, num_blocks);
+    // Tokens past n are never seeded; the clamp keeps the reads' bounds
+    // inside the batch.
+    Expr row = min(token, n - 1);
+    tail(d, at.ring_pos, half, at.block) = select(half == 0, key(d, row), gate_score(d, row));
+}
+
 }  // namespace kpool

@@ -206,4 +206,22 @@ TailSlot tail_slot(Expr tslot, const Divisor &ring, Expr num_blocks);
 // The same from a block and ring position already split (>= 0 where used).
 TailSlot clamp_tail_slot(Expr block, Expr ring_pos, Expr ring, Expr num_blocks);
 
+// Prefill's tail seed (SPEC, seed_tail_cache) over tokens 0 .. n-1 whose tail
+// slots are `slots` (int32 or int64; -1 past the batch, so the rule needs no
+// case at its end): token t is among its request's last `pool_size` tokens,
+// and copied into the ring, iff its slot is a tail slot (>= 0, inside the
+// tail's blocks) and the slot pool_size tokens ahead is padding or in another
+// tail block.
+struct TailSeed {
+    Func slots;
+    Divisor ring;
+    Expr num_blocks;
+    Func seeded;  // (token): bool
+    TailSeed(Func slots, Expr pool_size, Expr ring, Expr num_blocks, Var token);
+    // The seed's copy over `r`, where `token` (in 0 .. n - 1 where seeded; a
+    // schedule may round the loop up past n) is seeded: the token's key at
+    // `half` 0, its gate score at 1, element `d` of its ring row.
+    void write(Func tail, Halide::RDom &r, Expr d, Expr half, Expr token, Func key, Func gate_score, Expr n) const;
+};
+
 }  // namespace kpool

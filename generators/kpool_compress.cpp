@@ -111,6 +111,22 @@ protected:
                                    decided.e4m3);
     }
 
+    // The pools' rows into the K cache in place (only the targeted rows
+    // change), pool p's row at flat slot locs(p) where writes(p) != 0.
+    void write_pools_to_cache(Stages &s, Func cache, Func locs, Func writes) {
+        Var d{"d"}, token{"token"}, page{"page"};
+        cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
+        s.write = RDom(0, kHeadDim, 0, slot_k.dim(2).extent(), "write");
+        Expr pool = s.write.y;
+        Divisor page_size(cache.output_buffers()[0].dim(1).extent(), Divisor::Kind::Any);
+        write_cache_rows(cache, s.write, {pool}, locs(pool), writes(pool) != 0, s.compress.rotate.quant, page_size,
+                         !this->get_target().has_feature(Target::LargeBuffers));
+        if (words()) {
+            align_rows(cache.output_buffers()[0], {2}, kCodeWord);  // (d, token, page): tokens 128 apart
+        }
+        s.cache = cache;
+    }
+
     // The words kernels: each lane reads its V values of every slot itself
     // (lane l holds values l * V .. l * V + V - 1: compress's runs are its
     // values), as items at l * items + item; the rows are 16-byte aligned
@@ -158,28 +174,12 @@ public:
     Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
 
     void generate() {
-        CompressToCacheStages &s = stages;
-        define_compress(s);
-        const Fp8Row &quant = s.compress.rotate.quant;
-
-        // Only the targeted rows change: the rest of the cache is left as is.
-        Var d{"d"}, token{"token"}, page{"page"};
-        cache(d, token, page) = Tuple(undef<uint8_t>(), undef<float>());
+        define_compress(stages);
         // Pools past the batch read as "no write", so schedules may split freely.
-        Func locs = BoundaryConditions::constant_exterior(loc, cast(loc.type(), -1));
-        Func writes = BoundaryConditions::constant_exterior(write_mask, cast<uint8_t>(0));
-        s.write = RDom(0, kHeadDim, 0, slot_k.dim(2).extent(), "write");
-        Expr pool = s.write.y;
-        Divisor page_size(Func(cache).output_buffers()[0].dim(1).extent(), Divisor::Kind::Any);
-        write_cache_rows(cache, s.write, {pool}, locs(pool), writes(pool) != 0, quant, page_size,
-                         !this->get_target().has_feature(Target::LargeBuffers));
-        if (words()) {
-            align_rows(Func(cache).output_buffers()[0], {2}, kCodeWord);  // (d, token, page): tokens 128 apart
-        }
-
+        write_pools_to_cache(stages, cache, BoundaryConditions::constant_exterior(loc, cast(loc.type(), -1)),
+                             BoundaryConditions::constant_exterior(write_mask, cast<uint8_t>(0)));
         loc.dim(0).set_stride(Expr());
         write_mask.dim(0).set_stride(Expr());  // 0 when absent
-        s.cache = cache;
     }
 
     void schedule() {
@@ -189,6 +189,59 @@ public:
         cache.set_estimates(estimate::in_place_cache());
         estimate_inputs();
         schedule_with(schedule_compress_to_cache);
+    }
+};
+
+// The prefill insert on the engine's token rows with its tail seed, in
+// one kernel (kpool_compress_tokens_and_write_cache given the tail): the
+// pools of the rows (slot_k and slot_score: pool p is tokens p .. p+P-1,
+// views of the same memory as key and gate_score) into the cache at
+// loc(p) (the slot_mapping of token p+P-1), and every token the seed rule
+// picks into its ring.
+class CompressTokensAndSeed : public CompressBase<CompressTokensAndSeed, CompressAndSeedStages> {
+public:
+    Input<Buffer<void, 1>> loc{"loc"};                    // (pool): int32 or int64
+    Input<Buffer<uint16_t, 2>> key{"key"};                // (d, token) bf16 bits
+    Input<Buffer<uint16_t, 2>> gate_score{"gate_score"};  // (d, token)
+    Input<Buffer<void, 1>> tslot{"tslot"};                // (token): int32 or int64
+    Output<Func> cache{"cache", {UInt(8), Float(32)}, 3};
+    Output<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block), in place
+
+    void generate() {
+        CompressAndSeedStages &s = stages;
+        define_compress(s);
+        Func every_pool{"every_pool"};
+        every_pool(s.pool) = cast<uint8_t>(1);
+        write_pools_to_cache(s, cache, BoundaryConditions::constant_exterior(loc, cast(loc.type(), -1)), every_pool);
+
+        Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
+        tail(d, ring_pos, half, block) = undef<uint16_t>();
+        Expr n = key.dim(1).extent();
+        TailSeed seed(BoundaryConditions::constant_exterior(tslot, cast(tslot.type(), -1)), int(pool_size),
+                      tail.dim(1).extent(), tail.dim(3).extent(), s.token);
+        s.seeded = seed.seeded;
+        s.copy = RDom(0, kHeadDim, 0, n, 0, 2, "write");
+        seed.write(tail, s.copy, s.copy.x, s.copy.z, s.copy.y, key, gate_score, n);
+        s.tail = tail;
+
+        for (auto *index : {&loc, &tslot}) {
+            index->dim(0).set_stride(Expr());
+        }
+        key.dim(0).set_bounds(0, kHeadDim);
+        gate_score.dim(0).set_bounds(0, kHeadDim);
+        tail.dim(0).set_bounds(0, kHeadDim).dim(1).set_stride(kHeadDim).dim(2).set_bounds(0, 2);
+    }
+
+    void schedule() {
+        using namespace estimate;
+        loc.set_estimates({{0, kTokens}});
+        tslot.set_estimates({{0, kTokens}});
+        key.set_estimates({{0, kHeadDim}, {0, kTokens}});
+        gate_score.set_estimates({{0, kHeadDim}, {0, kTokens}});
+        cache.set_estimates(in_place_cache());
+        tail.set_estimates(in_place_tail());
+        estimate_inputs();
+        schedule_with(schedule_compress_and_seed);
     }
 };
 
@@ -323,3 +376,4 @@ public:
 HALIDE_REGISTER_GENERATOR(kpool::CompressToCache, kpool_compress_to_cache)
 HALIDE_REGISTER_GENERATOR(kpool::CompressTokensFromRing, kpool_compress_tokens_from_ring)
 HALIDE_REGISTER_GENERATOR(kpool::CompressToRows, kpool_compress_to_rows)
+HALIDE_REGISTER_GENERATOR(kpool::CompressTokensAndSeed, kpool_compress_tokens_and_seed)

@@ -15,25 +15,12 @@ public:
     Output<Buffer<uint16_t, 4>> tail{"tail"};  // (d, ring_pos, half, block), in place
 
     void generate() {
-        Expr ring = tail.dim(1).extent();
         Expr n = tslot.dim(0).extent();
         Var d{"d"}, ring_pos{"ring_pos"}, half{"half"}, block{"block"};
         tail(d, ring_pos, half, block) = undef<uint16_t>();
-
-        // A token is in its request's tail iff the token P ahead is past the
-        // batch, padding (< 0), or in another tail block. Only non-negative
-        // slots are divided.
-        // Past the batch reads as padding (-1): the rule needs no special case
-        // at the end, and schedules may split the token loop freely.
         Func slots = BoundaryConditions::constant_exterior(tslot, cast(tslot.type(), -1));
-        Var token = stages.token;
-        Divisor ring_math(ring, Divisor::Kind::Any);  // 64-bit slots: divided as they are
-        Expr own = cast<int64_t>(slots(token));
-        Expr ahead = cast<int64_t>(slots(token + pool_size));
-        Expr same_block = ahead >= 0 && ring_math.div(ahead) == ring_math.div(own);
-        Expr in_tail = ring_math.div(own) < cast<int64_t>(tail.dim(3).extent());
-        stages.seeded = Func{"seeded"};
-        stages.seeded(token) = own >= 0 && in_tail && !same_block;
+        TailSeed seed(slots, pool_size, tail.dim(1).extent(), tail.dim(3).extent(), stages.token);
+        stages.seeded = seed.seeded;
 
         // Token i = group * G + member: consecutive tokens in different
         // members, which a schedule may run side by side (a request's last P
@@ -41,13 +28,7 @@ public:
         const int G = schedule_decisions(build_plan(), {KernelAsked::Kind::SeedTail}).seed_group_size;
         RDom &r = stages.copy;
         r = RDom(0, kHeadDim, 0, 2, 0, G, 0, (n + G - 1) / G, "copy");
-        Expr i = r[3] * G + r.z;
-        r.where(stages.seeded(i));
-        TailSlot at = tail_slot(cast<int64_t>(slots(i)), ring_math, tail.dim(3).extent());
-        // The last group may run past n (never seeded there); the clamp
-        // keeps the reads' bounds inside the batch.
-        Expr row = min(i, n - 1);
-        tail(r.x, at.ring_pos, r.y, at.block) = select(r.y == 0, key(r.x, row), gate_score(r.x, row));
+        seed.write(tail, r, r.x, r.y, r[3] * G + r.z, key, gate_score, n);
 
         tslot.dim(0).set_stride(Expr());
         key.dim(0).set_bounds(0, kHeadDim);

@@ -194,6 +194,17 @@ struct SeedTailStages {
     RDom copy;  // (d, half, member, group): token group * G + member
 };
 
+// The prefill insert on token rows with the tail seed in one kernel:
+// compress's stages over the pools of the rows (`write`: (d, pool)), and
+// the seed's copy over (d, token, half), an RDom named as `write` so that
+// a schedule may fuse their loops (compute_with).
+struct CompressAndSeedStages : CompressToCacheStages {
+    Var token{"token"};
+    Func seeded;  // (token): whether the token is among its request's last P
+    Func tail;
+    RDom copy;  // (d, token, half)
+};
+
 // Decode: completions written to the cache over `write`
 // (d, token, request), then stashes into the ring.
 struct DecodeWriteStages {
@@ -305,6 +316,7 @@ inline Halide::Region decode_rows() { return {{0, kHeadDim}, {0, kNextN}, {0, kR
     X(schedule_fwht, FwhtStages)                        \
     X(schedule_compress_to_cache, CompressToCacheStages) \
     X(schedule_compress_to_rows, CompressToRowsStages)   \
+    X(schedule_compress_and_seed, CompressAndSeedStages) \
     X(schedule_seed_tail, SeedTailStages)               \
     X(schedule_decode_write, DecodeWriteStages)         \
     X(schedule_decode_stash, DecodeStashStages)         \

@@ -93,6 +93,18 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan)
     compute_pool_at(s.compress, s.d, s.j, s.lane, LoopLevel(s.cache, pi), lanes);
 }
 
+// The seed after the pools, a loop of its own (one kernel call either way
+// on the host): chunks of tokens in parallel, as schedule_seed_tail.
+void schedule_compress_and_seed(CompressAndSeedStages &s, const BuildPlan &plan) {
+    cpu::schedule_compress_to_cache(s, plan);
+    RVar to{"token_chunk"}, ti{"token_in_chunk"};
+    s.tail.update(0)
+        .allow_race_conditions()
+        .split(s.copy.y, to, ti, CpuPlan(plan).seed_tokens_per_task, TailStrategy::GuardWithIf)
+        .parallel(to)
+        .vectorize(s.copy.x, plan.target.natural_vector_size<uint16_t>());
+}
+
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &plan) {
     const int lanes = plan.target.natural_vector_size<float>();
     Var po{"pool_chunk"}, pi{"pool_in_chunk"};

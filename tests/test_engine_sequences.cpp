@@ -8,6 +8,7 @@
 #include <string>
 #include <tuple>
 
+#include "placement.h"
 #include "test_inputs.h"
 #include "test_util.h"
 
@@ -73,6 +74,47 @@ INSTANTIATE_TEST_SUITE_P(All, PrefillInsert,
                                     dtype_tag(std::get<1>(info.param)) + "_" + dtype_tag(std::get<2>(info.param)) +
                                     (std::get<3>(info.param) ? "_seed" : "");
                          });
+
+// With the seed the call is one launch (the pools and the seed in one
+// kernel) where it fits one; split as a device splits past its 32-bit
+// offsets (here: windows of three pages), it runs the compress and the seed
+// as two: both give the engine's bytes, for either slot dtype.
+TEST(PrefillInsertEdge, OneLaunchAndSplitLaunchesEqualTheEngineSequence) {
+    for (const kpool_dtype slot_dtype : {KPOOL_DTYPE_INT32, KPOOL_DTYPE_INT64}) {
+        SCOPED_TRACE(dtype_tag(slot_dtype));
+        std::mt19937 rng(79 + (slot_dtype == KPOOL_DTYPE_INT64));
+        const int P = 8;
+        const int64_t block_size = 16, num_blocks = 9, ring = 2 * P, tail_blocks = 8;
+        const TokenBatch b =
+            make_token_batch(rng, P, KPOOL_DTYPE_BFLOAT16, slot_dtype, block_size * num_blocks, ring, tail_blocks);
+        HostTensor ape(KPOOL_DTYPE_FLOAT32, {P, kD});
+        fill_normal(ape, rng, 0.5f);
+        HostTensor cache = make_kv_cache(num_blocks, block_size, true), tail = make_tail_cache(tail_blocks, ring, true);
+        cache.fill_random_bytes(rng);
+        tail.fill_random_bytes(rng);
+        HostTensor one_cache = cache, one_tail = tail, split_cache = cache, split_tail = tail;
+        engine_prefill_insert(cache, &tail, b, ape, P);
+        const kpool_tensor k = b.key.desc(), g = b.gate_score.desc(), a = ape.desc(), sm = b.slot_mapping.desc(),
+                           tsm = b.tail_slot_mapping.desc();
+        auto call = [&](HostTensor &c_out, HostTensor &t_out) {
+            const kpool_tensor c = c_out.desc(), t = t_out.desc();
+            kpool_status st{};
+            const kpool_exec ex = cpu_exec();
+            ASSERT_KPOOL_OK(kpool_compress_tokens_and_write_cache(&c, &k, &g, &a, &sm, &t, &tsm, nullptr, P, kD, 1,
+                                                                  &ex, &st),
+                            st);
+        };
+        call(one_cache, one_tail);
+        {
+            const kpool::rt::ScopedLaunchSpan span(3 * cache.strides()[0] * dtype_size(cache.dtype()));
+            call(split_cache, split_tail);
+        }
+        EXPECT_BYTES_EQ(cache, one_cache);
+        EXPECT_BYTES_EQ(tail, one_tail);
+        EXPECT_BYTES_EQ(cache, split_cache);
+        EXPECT_BYTES_EQ(tail, split_tail);
+    }
+}
 
 // Fewer tokens than a pool: nothing completes, nothing is written.
 TEST(PrefillInsertEdge, FewerTokensThanAPool) {

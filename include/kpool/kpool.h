@@ -171,7 +171,10 @@ kpool_status_code kpool_compress_and_write_cache(
  *    in 2. With tail_kv_cache and tail_slot_mapping (both or neither) the
  *    call also seeds the tail ring from the same tokens, exactly as
  *    kpool_seed_tail_cache(tail_kv_cache, key, gate_score,
- *    tail_slot_mapping) would (gate_score then bf16). The same bytes as the
+ *    tail_slot_mapping) would (gate_score then bf16), in the same launch
+ *    where the call is one launch (on CUDA: rows of 16-byte-aligned data
+ *    and strides, slot_mapping of tail_slot_mapping's dtype, buffers below
+ *    the 32-bit offsets; else a second launch). The same bytes as the
  *    engine's sequence: write_mask = (slot_mapping >= 0) & (i >= P-1),
  *    key / gate_score gathered into [n, P, 128] pools, compress, seed.
  *    With positions ([n], the dtype of slot_mapping and tail_slot_mapping,

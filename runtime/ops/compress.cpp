@@ -3,6 +3,7 @@
 // scales.
 #include <algorithm>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -163,6 +164,59 @@ void run_compress(const Placement &where, const Pools &p, const TensorArg &ape, 
             }
         }
     }
+}
+
+// The prefill insert's pools and its seed in one launch
+// (COMPRESS_TOKENS_AND_SEED*), where the call is one launch of each (one
+// range of pools and one window of the cache: below a device's 32-bit
+// offsets), there are pools, and the device has the kind for the rows:
+// the host's element kernel (int64 locs), CUDA's words kernel (rows as
+// compress's words kernels take them, slot_mapping read in place of
+// tail_slot_mapping's type). Returns false, having launched nothing, where
+// not: the caller then launches the compress and the seed.
+bool run_compress_and_seed(const Placement &where, const Pools &p, const SeedArgs &seed, const TensorArg &ape,
+                           int32_t pool_size, int32_t round_scale, const char *op) {
+    const int64_t n = p.slot_k.dim(0);
+    const TensorArg &kv_cache = *p.kv_cache;
+    if (n == 0 || kv_cache.numel() == 0 || seed.tail.numel() == 0 || where.row_ranges(n, p.per_pool()).size() != 1 ||
+        where.cache_windows(kv_cache).size() != 1) {
+        return false;
+    }
+    const ElementType index = index_type(seed.tslot);
+    const bool words = !where.on_host();
+    const Kernel kind = words ? Kernel::COMPRESS_TOKENS_AND_SEED_WORDS : Kernel::COMPRESS_TOKENS_AND_SEED;
+    const bool rows_fit = !words || (rows_aligned(p.slot_k, 16, {0, 1}) && rows_aligned(p.slot_score, 16, {0, 1}) &&
+                                     rows_aligned(ape, 16, {0}) && rows_aligned(kv_cache, 4, {0}) &&
+                                     p.loc.t->dtype == seed.tslot.t->dtype);
+    if (!rows_fit || !where.has_kernel(kind, pool_size, index)) {
+        return false;
+    }
+    mark_index_errors(where, KPOOL_INDEX_TAIL_SLOT_MAPPING, seed.tslot, tail_slot_count(seed.tail), nullptr);
+    HalideBuffer key = wrap(p.slot_k), score = wrap(p.slot_score);
+    if (words) {  // made before attach, from the host fields
+        key = as_words(key, halide_type_of<uint64_t>());
+        score = as_words(score, halide_type_of<uint64_t>());
+    }
+    HalideBuffer ape_b = wrap(ape), locs = wrap(p.loc), rows = wrap(seed.key), gate = wrap(seed.gate),
+                 tslot = wrap(seed.tslot), tail = wrap_tail(seed.tail);
+    CacheViews cache = wrap_kv_cache(kv_cache, where.cache_windows(kv_cache)[0]);
+    for (HalideBuffer *b : {&key, &score, &ape_b, &locs, &rows, &gate, &tslot, &tail, &cache.codes, &cache.scales}) {
+        where.attach(*b);
+    }
+    const bool aligned_data =
+        rows_aligned(p.slot_k, 16, {}) && rows_aligned(p.slot_score, 16, {}) && rows_aligned(ape, 16, {});
+    auto launch = [&](auto kind) {
+        where.launch<decltype(kind)::value>(op, pool_size, index, key.raw_buffer(), score.raw_buffer(),
+                                            ape_b.raw_buffer(), round_scale != 0, aligned_data, locs.raw_buffer(),
+                                            rows.raw_buffer(), gate.raw_buffer(), tslot.raw_buffer(),
+                                            cache.codes.raw_buffer(), cache.scales.raw_buffer(), tail.raw_buffer());
+    };
+    if (words) {
+        launch(std::integral_constant<Kernel, Kernel::COMPRESS_TOKENS_AND_SEED_WORDS>{});
+    } else {
+        launch(std::integral_constant<Kernel, Kernel::COMPRESS_TOKENS_AND_SEED>{});
+    }
+    return true;
 }
 
 // The pools the tokens of `rows` [n, 128] complete: pool p holds tokens
@@ -375,6 +429,9 @@ void compress_tokens_and_write_cache(const kpool_tensor *kv_cache_, const kpool_
         require_tslots_in_tail(seed->tslot, seed->tail);  // before the compress writes anything
     }
     mark_index_errors(where, KPOOL_INDEX_SLOT_MAPPING, p.loc, cache_slot_count(kv_cache), nullptr);
+    if (seed && run_compress_and_seed(where, p, *seed, ape, pool_size, round_scale, op)) {
+        return;
+    }
     run_compress(where, p, ape, pool_size, round_scale, op);
     if (seed) {
         run_seed(*seed_where, *seed, pool_size, KPOOL_INDEX_TAIL_SLOT_MAPPING, op);

@@ -228,6 +228,41 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
     specialize_compress(s.cache.update(0), s.conditions);
 }
 
+// The prefill insert with its seed, one kernel: compress's blocks of
+// pools (above), and the seed fused at their block loop (compute_with, the
+// RDoms named alike). Block b seeds tokens b * 32G .. b * 32G + 32G - 1
+// (G: the pools of a compress block, so the same threads): first one
+// thread per token decides whether it is seeded (the 64-bit divisions by
+// the ring: most tokens are not), into shared memory, then warp w copies
+// member w of each of the 32 groups of G that is, each lane 4 bf16 of both
+// halves, as schedule_seed_tail does. A token of the seed costs a block
+// n / 32G of the compress's blocks (16K tokens at G = 8: 64 of 2048).
+void schedule_compress_and_seed(CompressAndSeedStages &s, const BuildPlan &build) {
+    cuda::schedule_compress_to_cache(s, build);
+    const CudaPlan plan = plan_for(build);
+    const bool words = s.lane_loads.key.defined();
+    const int block_threads =
+        words ? words_block_threads(plan, s.layout, s.compress.pool) : plan.compress_row_threads;
+    const int G = block_threads / s.layout.lanes();
+    RVar pb{"pool_block"}, in_block{"seed_in_block"}, group{"seed_group"}, member{"seed_member"},
+        lane{"seed_lane"}, v{"seed_v"};
+    RVar half = s.copy.z;
+    pure_stage_on_gpu(s.tail);
+    s.tail.update(0)
+        .allow_race_conditions()
+        .split(s.copy.x, lane, v, kValuesPerLane)
+        .split(s.copy.y, pb, in_block, kWarpSize * G, TailStrategy::GuardWithIf)
+        .split(in_block, group, member, G)
+        .reorder(v, half, lane, member, group, pb)
+        .gpu_blocks(pb)
+        .gpu_threads(lane, member)
+        .unroll(half)
+        .vectorize(v)
+        .compute_with(s.cache.update(0), pb);
+    Var ta{"seeded_warp"}, tl{"seeded_lane"};
+    s.seeded.compute_at(s.tail, pb).split(s.token, ta, tl, kWarpSize).gpu_threads(tl, ta);
+}
+
 void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) {
     const CudaPlan plan = plan_for(build);
     Var pi{"pool_in_block"};
