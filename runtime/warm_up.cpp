@@ -109,28 +109,19 @@ KPOOL_WARM_UP(warm_up_compress_tokens) {
     compress_tokens_and_write_cache(&cache, &keys, &gate, &ape, &slots, nullptr, nullptr, nullptr, P, D, 1, &exec);
 }
 
-KPOOL_WARM_UP(warm_up_compress_tokens_and_seed) {
+KPOOL_WARM_UP(warm_up_compress_tokens_with_seed) {
     const int P = pool_size_of(v);
-    // The prefill insert with the seed on P word-aligned tokens, slots of
-    // the kind's index type: one pool and its seed, one launch.
-    const kpool_dtype index = index_dtype(v.type);
-    const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
-                       keys = tensor(KPOOL_DTYPE_BFLOAT16, {P, D}), gate = tensor(KPOOL_DTYPE_BFLOAT16, {P, D}),
-                       ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}), tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}),
-                       slots = tensor(index, {P}), tail_slots = tensor(index, {P});
-    compress_tokens_and_write_cache(&cache, &keys, &gate, &ape, &slots, &tail, &tail_slots, nullptr, P, D, 1, &exec);
-}
-
-KPOOL_WARM_UP(warm_up_compress_tokens_from_ring) {
-    const int P = pool_size_of(v);
-    // The prefill insert with positions (and so the seed) on P tokens.
+    // The prefill insert with the seed on P word-aligned tokens, indices of
+    // the kind's type: the pools and the seed in one launch, or with
+    // positions the completions from the ring, then the seed.
     const kpool_dtype index = index_dtype(v.type);
     const kpool_tensor cache = tensor(KPOOL_DTYPE_UINT8, {1, 1, KPOOL_CACHE_ROW_BYTES}),
                        keys = tensor(KPOOL_DTYPE_BFLOAT16, {P, D}), gate = tensor(KPOOL_DTYPE_BFLOAT16, {P, D}),
                        ape = tensor(KPOOL_DTYPE_FLOAT32, {P, D}), tail = tensor(KPOOL_DTYPE_BFLOAT16, {1, 2, P, D}),
                        slots = tensor(index, {P}), tail_slots = tensor(index, {P}), positions = tensor(index, {P});
-    compress_tokens_and_write_cache(&cache, &keys, &gate, &ape, &slots, &tail, &tail_slots, &positions, P, D, 1,
-                                    &exec);
+    const bool from_ring = v.kind == Kernel::COMPRESS_TOKENS_FROM_RING;
+    compress_tokens_and_write_cache(&cache, &keys, &gate, &ape, &slots, &tail, &tail_slots,
+                                    from_ring ? &positions : nullptr, P, D, 1, &exec);
 }
 
 // The layout a decode kind's warm-up call is run in (the rule's, for the

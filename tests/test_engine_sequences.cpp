@@ -35,6 +35,24 @@ void engine_prefill_insert(HostTensor &cache, HostTensor *tail, const TokenBatch
     }
 }
 
+// A prefill case: the engine's tokens for a cache of num_blocks pages of
+// block_size slots and a tail of tail_blocks rings, ape, and both caches
+// filled with random bytes (so every byte a call leaves is checked).
+struct PrefillCase {
+    TokenBatch b;
+    HostTensor ape, cache, tail;
+};
+PrefillCase make_prefill_case(std::mt19937 &rng, int P, kpool_dtype score_dtype, kpool_dtype slot_dtype,
+                              int64_t block_size, int64_t num_blocks, int64_t ring, int64_t tail_blocks) {
+    PrefillCase c{make_token_batch(rng, P, score_dtype, slot_dtype, block_size * num_blocks, ring, tail_blocks),
+                  HostTensor(KPOOL_DTYPE_FLOAT32, {P, kD}), make_kv_cache(num_blocks, block_size, true),
+                  make_tail_cache(tail_blocks, ring, true)};
+    fill_normal(c.ape, rng, 0.5f);
+    c.cache.fill_random_bytes(rng);
+    c.tail.fill_random_bytes(rng);
+    return c;
+}
+
 // P x gate_score dtype x slot dtype x with the tail seed.
 using PrefillParam = std::tuple<int, kpool_dtype, kpool_dtype, bool>;
 class PrefillInsert : public ::testing::TestWithParam<PrefillParam> {};
@@ -43,13 +61,9 @@ TEST_P(PrefillInsert, EqualsTheEngineSequence) {
     const auto [P, score_dtype, slot_dtype, seed] = GetParam();
     if (score_dtype == KPOOL_DTYPE_FLOAT32 && seed) GTEST_SKIP() << "the tail ring holds bf16 scores (BadInput case)";
     std::mt19937 rng(700 + P * 11 + 3 * (score_dtype == KPOOL_DTYPE_FLOAT32) + 5 * (slot_dtype == KPOOL_DTYPE_INT64));
-    const int64_t block_size = 16, num_blocks = 9, ring = 2 * P, tail_blocks = 8;
-    const TokenBatch b = make_token_batch(rng, P, score_dtype, slot_dtype, block_size * num_blocks, ring, tail_blocks);
-    HostTensor ape(KPOOL_DTYPE_FLOAT32, {P, kD});
-    fill_normal(ape, rng, 0.5f);
-    HostTensor cache = make_kv_cache(num_blocks, block_size, true), tail = make_tail_cache(tail_blocks, ring, true);
-    cache.fill_random_bytes(rng);
-    tail.fill_random_bytes(rng);
+    PrefillCase pc = make_prefill_case(rng, P, score_dtype, slot_dtype, 16, 9, 2 * P, 8);
+    const TokenBatch &b = pc.b;
+    HostTensor &ape = pc.ape, &cache = pc.cache, &tail = pc.tail;
     HostTensor cache_api = cache, tail_api = tail;
     const HostTensor cache0 = cache;
     engine_prefill_insert(cache, seed ? &tail : nullptr, b, ape, P);
@@ -84,14 +98,9 @@ TEST(PrefillInsertEdge, OneLaunchAndSplitLaunchesEqualTheEngineSequence) {
         SCOPED_TRACE(dtype_tag(slot_dtype));
         std::mt19937 rng(79 + (slot_dtype == KPOOL_DTYPE_INT64));
         const int P = 8;
-        const int64_t block_size = 16, num_blocks = 9, ring = 2 * P, tail_blocks = 8;
-        const TokenBatch b =
-            make_token_batch(rng, P, KPOOL_DTYPE_BFLOAT16, slot_dtype, block_size * num_blocks, ring, tail_blocks);
-        HostTensor ape(KPOOL_DTYPE_FLOAT32, {P, kD});
-        fill_normal(ape, rng, 0.5f);
-        HostTensor cache = make_kv_cache(num_blocks, block_size, true), tail = make_tail_cache(tail_blocks, ring, true);
-        cache.fill_random_bytes(rng);
-        tail.fill_random_bytes(rng);
+        PrefillCase pc = make_prefill_case(rng, P, KPOOL_DTYPE_BFLOAT16, slot_dtype, 16, 9, 2 * P, 8);
+        const TokenBatch &b = pc.b;
+        HostTensor &ape = pc.ape, &cache = pc.cache, &tail = pc.tail;
         HostTensor one_cache = cache, one_tail = tail, split_cache = cache, split_tail = tail;
         engine_prefill_insert(cache, &tail, b, ape, P);
         const kpool_tensor k = b.key.desc(), g = b.gate_score.desc(), a = ape.desc(), sm = b.slot_mapping.desc(),
@@ -142,13 +151,10 @@ TEST(PrefillInsertEdge, BadInputNamesTheArgumentAndWritesNothing) {
     std::mt19937 rng(78);
     const int P = 4;
     const int64_t ring = 8, tail_blocks = 8, block_size = 16, num_blocks = 4;
-    const TokenBatch b =
-        make_token_batch(rng, P, KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_INT32, block_size * num_blocks, ring, tail_blocks);
-    HostTensor ape(KPOOL_DTYPE_FLOAT32, {P, kD});
-    fill_normal(ape, rng, 0.5f);
-    HostTensor cache = make_kv_cache(num_blocks, block_size, true), tail = make_tail_cache(tail_blocks, ring, true);
-    cache.fill_random_bytes(rng);
-    tail.fill_random_bytes(rng);
+    PrefillCase pc =
+        make_prefill_case(rng, P, KPOOL_DTYPE_BFLOAT16, KPOOL_DTYPE_INT32, block_size, num_blocks, ring, tail_blocks);
+    const TokenBatch &b = pc.b;
+    HostTensor &ape = pc.ape, &cache = pc.cache, &tail = pc.tail;
     const HostTensor cache0 = cache, tail0 = tail;
     const int64_t n = b.key.shape(0);
     auto call = [&](const TokenBatch &in, const kpool_tensor *tail_t, const kpool_tensor *tsm_t, int pool_size,

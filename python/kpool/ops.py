@@ -217,7 +217,9 @@ def kpool_compress_tokens_and_write_cache(
     ``i - pool_size + 1 .. i`` into that slot, the others write nothing.
     With ``tail_kv_cache`` and ``tail_slot_mapping`` the same call seeds the
     tail ring exactly as ``kpool_seed_tail_cache(tail_kv_cache, key,
-    gate_score, tail_slot_mapping, pool_size)``. The bytes are the engine's
+    gate_score, tail_slot_mapping, pool_size)``, in the same launch (on CUDA
+    where the rows are 16-byte aligned and both slot mappings share a
+    dtype; else a second launch). The bytes are the engine's
     sequence's: ``write_mask = (slot_mapping >= 0) & (i >= P-1)``, the
     gathered ``[n, P, 128]`` pools, ``kpool_compress_and_write_cache`` and
     ``kpool_seed_tail_cache``.

@@ -235,8 +235,10 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
 // thread per token decides whether it is seeded (the 64-bit divisions by
 // the ring: most tokens are not), into shared memory, then warp w copies
 // member w of each of the 32 groups of G that is, each lane 4 bf16 of both
-// halves, as schedule_seed_tail does. A token of the seed costs a block
-// n / 32G of the compress's blocks (16K tokens at G = 8: 64 of 2048).
+// halves, as schedule_seed_tail does (its group loop in one part: the
+// guard per group costs less than Halide's three copies of the loop). The
+// seed runs in the first n / 32G blocks (16K tokens at G = 4: 128 of the
+// compress's 4096); the others pass its two barriers.
 void schedule_compress_and_seed(CompressAndSeedStages &s, const BuildPlan &build) {
     cuda::schedule_compress_to_cache(s, build);
     const CudaPlan plan = plan_for(build);
@@ -258,6 +260,7 @@ void schedule_compress_and_seed(CompressAndSeedStages &s, const BuildPlan &build
         .gpu_threads(lane, member)
         .unroll(half)
         .vectorize(v)
+        .partition(group, Partition::Never)
         .compute_with(s.cache.update(0), pb);
     Var ta{"seeded_warp"}, tl{"seeded_lane"};
     s.seeded.compute_at(s.tail, pb).split(s.token, ta, tl, kWarpSize).gpu_threads(tl, ta);
