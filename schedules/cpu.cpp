@@ -94,13 +94,15 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &plan)
 }
 
 // The seed after the pools, a loop of its own (one kernel call either way
-// on the host): chunks of tokens in parallel, as schedule_seed_tail.
+// on the host): chunks of tokens in parallel, a token's two halves
+// together, as schedule_seed_tail.
 void schedule_compress_and_seed(CompressAndSeedStages &s, const BuildPlan &plan) {
     cpu::schedule_compress_to_cache(s, plan);
     RVar to{"token_chunk"}, ti{"token_in_chunk"};
     s.tail.update(0)
         .allow_race_conditions()
         .split(s.copy.y, to, ti, CpuPlan(plan).seed_tokens_per_task, TailStrategy::GuardWithIf)
+        .reorder(s.copy.x, s.copy.z, ti, to)
         .parallel(to)
         .vectorize(s.copy.x, plan.target.natural_vector_size<uint16_t>());
 }

@@ -205,11 +205,12 @@ bool run_compress_and_seed(const Placement &where, const Pools &p, const SeedArg
     }
     const bool aligned_data =
         rows_aligned(p.slot_k, 16, {}) && rows_aligned(p.slot_score, 16, {}) && rows_aligned(ape, 16, {});
-    auto launch = [&](auto kind) {
-        where.launch<decltype(kind)::value>(op, pool_size, index, key.raw_buffer(), score.raw_buffer(),
-                                            ape_b.raw_buffer(), round_scale != 0, aligned_data, locs.raw_buffer(),
-                                            rows.raw_buffer(), gate.raw_buffer(), tslot.raw_buffer(),
-                                            cache.codes.raw_buffer(), cache.scales.raw_buffer(), tail.raw_buffer());
+    auto launch = [&](auto kind_constant) {
+        where.launch<decltype(kind_constant)::value>(op, pool_size, index, key.raw_buffer(), score.raw_buffer(),
+                                                     ape_b.raw_buffer(), round_scale != 0, aligned_data,
+                                                     locs.raw_buffer(), rows.raw_buffer(), gate.raw_buffer(),
+                                                     tslot.raw_buffer(), cache.codes.raw_buffer(),
+                                                     cache.scales.raw_buffer(), tail.raw_buffer());
     };
     if (words) {
         launch(std::integral_constant<Kernel, Kernel::COMPRESS_TOKENS_AND_SEED_WORDS>{});
