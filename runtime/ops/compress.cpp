@@ -60,6 +60,18 @@ struct Pools {
     }
 };
 
+// Whether every input row's data starts 16-byte aligned (the kernels'
+// aligned_data: they then load 4 f32 at once, checking the strides too).
+bool data_aligned(const TensorArg &slot_k, const TensorArg &slot_score, const TensorArg &ape) {
+    return rows_aligned(slot_k, 16, {}) && rows_aligned(slot_score, 16, {}) && rows_aligned(ape, 16, {});
+}
+
+// Whether the inputs' rows, data and strides, fit the words kernels' 16-byte
+// loads.
+bool rows_fit_words(const TensorArg &slot_k, const TensorArg &slot_score, const TensorArg &ape) {
+    return rows_aligned(slot_k, 16, {0, 1}) && rows_aligned(slot_score, 16, {0, 1}) && rows_aligned(ape, 16, {0});
+}
+
 // One launch of a to-cache kind (all four take the same arguments).
 template <Kernel K>
 void launch_to_cache(const Placement &where, const char *op, int pool_size, ElementType score, Buf key, Buf score_b,
@@ -87,8 +99,7 @@ void run_compress(const Placement &where, const Pools &p, const TensorArg &ape, 
     // aligned: the CUDA kernels then load 4 f32 at once. (A range's slices
     // start at whole pools: aligned where the whole tensor is and its pool
     // stride keeps it so, which the kernel's stride check covers.)
-    const bool aligned_data =
-        rows_aligned(slot_k, 16, {}) && rows_aligned(slot_score, 16, {}) && rows_aligned(ape, 16, {});
+    const bool aligned_data = data_aligned(slot_k, slot_score, ape);
     const std::vector<RowRange> windows = write_cache ? where.cache_windows(*p.kv_cache) : std::vector<RowRange>{};
     for (RowRange r : where.row_ranges(n, per_pool)) {
         // The range's pools (views of the same memory).
@@ -106,8 +117,7 @@ void run_compress(const Placement &where, const Pools &p, const TensorArg &ape, 
         // word views are made before attach, from the host fields.
         // They store a lane's codes as 4-byte words: the rows of codes (cache
         // pages, compressed_k) start 4-byte aligned too.
-        const bool words_fit = !where.on_host() && rows_aligned(k_range, 16, {0, 1}) &&
-                               rows_aligned(s_range, 16, {0, 1}) && rows_aligned(ape, 16, {0});
+        const bool words_fit = !where.on_host() && rows_fit_words(k_range, s_range, ape);
         auto words_kernel = [&](Kernel kind) {
             const bool codes_fit = kind == to_cache_words ? write_cache && rows_aligned(*p.kv_cache, 4, {0})
                                                           : return_compressed && rows_aligned(*p.compressed_k, 4, {0});
@@ -178,15 +188,15 @@ bool run_compress_and_seed(const Placement &where, const Pools &p, const SeedArg
                            int32_t pool_size, int32_t round_scale, const char *op) {
     const int64_t n = p.slot_k.dim(0);
     const TensorArg &kv_cache = *p.kv_cache;
+    const std::vector<RowRange> windows = where.cache_windows(kv_cache);
     if (n == 0 || kv_cache.numel() == 0 || seed.tail.numel() == 0 || where.row_ranges(n, p.per_pool()).size() != 1 ||
-        where.cache_windows(kv_cache).size() != 1) {
+        windows.size() != 1) {
         return false;
     }
     const ElementType index = index_type(seed.tslot);
     const bool words = !where.on_host();
     const Kernel kind = words ? Kernel::COMPRESS_TOKENS_AND_SEED_WORDS : Kernel::COMPRESS_TOKENS_AND_SEED;
-    const bool rows_fit = !words || (rows_aligned(p.slot_k, 16, {0, 1}) && rows_aligned(p.slot_score, 16, {0, 1}) &&
-                                     rows_aligned(ape, 16, {0}) && rows_aligned(kv_cache, 4, {0}) &&
+    const bool rows_fit = !words || (rows_fit_words(p.slot_k, p.slot_score, ape) && rows_aligned(kv_cache, 4, {0}) &&
                                      p.loc.t->dtype == seed.tslot.t->dtype);
     if (!rows_fit || !where.has_kernel(kind, pool_size, index)) {
         return false;
@@ -199,12 +209,11 @@ bool run_compress_and_seed(const Placement &where, const Pools &p, const SeedArg
     }
     HalideBuffer ape_b = wrap(ape), locs = wrap(p.loc), rows = wrap(seed.key), gate = wrap(seed.gate),
                  tslot = wrap(seed.tslot), tail = wrap_tail(seed.tail);
-    CacheViews cache = wrap_kv_cache(kv_cache, where.cache_windows(kv_cache)[0]);
+    CacheViews cache = wrap_kv_cache(kv_cache, windows[0]);
     for (HalideBuffer *b : {&key, &score, &ape_b, &locs, &rows, &gate, &tslot, &tail, &cache.codes, &cache.scales}) {
         where.attach(*b);
     }
-    const bool aligned_data =
-        rows_aligned(p.slot_k, 16, {}) && rows_aligned(p.slot_score, 16, {}) && rows_aligned(ape, 16, {});
+    const bool aligned_data = data_aligned(p.slot_k, p.slot_score, ape);
     auto launch = [&](auto kind_constant) {
         where.launch<decltype(kind_constant)::value>(op, pool_size, index, key.raw_buffer(), score.raw_buffer(),
                                                      ape_b.raw_buffer(), round_scale != 0, aligned_data,
