@@ -192,6 +192,14 @@ void pool_words_in_warp(CompressPool &c, CompressLaneLoads &l, const RowLayout &
 // (wide loads; under round_scale the quotient multiplies by the scale's
 // exact reciprocal, no division and no select), and any rows (element loads,
 // round_scale selected).
+// A compress kernel's threads a block: a words kernel's (its lane loads
+// defined) words_block_threads, an element kernel's compress.row_threads.
+template <typename Stages>
+int compress_block_threads(const CudaPlan &plan, const Stages &s) {
+    return s.lane_loads.key.defined() ? words_block_threads(plan, s.layout, s.compress.pool)
+                                      : plan.compress_row_threads;
+}
+
 template <typename StageOrFunc>
 void specialize_compress(StageOrFunc stage, const CompressConditions &conditions) {
     stage.specialize(conditions.aligned && conditions.round_scale);
@@ -202,8 +210,7 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
     const CudaPlan plan = plan_for(build);
     RVar lane{"write_lane"}, v{"write_v"}, pb{"pool_block"}, pi{"pool_in_block"};
     const bool words = s.lane_loads.key.defined();
-    const int block_threads =
-        words ? words_block_threads(plan, s.layout, s.compress.pool) : plan.compress_row_threads;
+    const int block_threads = compress_block_threads(plan, s);
     pure_stage_on_gpu(s.cache);
     // Duplicate locs are the caller's race, as in the reference (docs/).
     s.cache.update(0)
@@ -241,11 +248,7 @@ void schedule_compress_to_cache(CompressToCacheStages &s, const BuildPlan &build
 // compress's 4096); the others pass its two barriers.
 void schedule_compress_and_seed(CompressAndSeedStages &s, const BuildPlan &build) {
     cuda::schedule_compress_to_cache(s, build);
-    const CudaPlan plan = plan_for(build);
-    const bool words = s.lane_loads.key.defined();
-    const int block_threads =
-        words ? words_block_threads(plan, s.layout, s.compress.pool) : plan.compress_row_threads;
-    const int G = block_threads / s.layout.lanes();
+    const int G = compress_block_threads(plan_for(build), s) / s.layout.lanes();
     RVar pb{"pool_block"}, in_block{"seed_in_block"}, group{"seed_group"}, member{"seed_member"},
         lane{"seed_lane"}, v{"seed_v"};
     RVar half = s.copy.z;
@@ -270,8 +273,7 @@ void schedule_compress_to_rows(CompressToRowsStages &s, const BuildPlan &build) 
     const CudaPlan plan = plan_for(build);
     Var pi{"pool_in_block"};
     const bool words = s.lane_loads.key.defined();  // codes rows of 4-byte words: vector stores
-    const int block_threads =
-        words ? words_block_threads(plan, s.layout, s.compress.pool) : plan.compress_row_threads;
+    const int block_threads = compress_block_threads(plan, s);
     rows_in_lanes(s.out, s.d, s.pool, s.lane, s.layout, block_threads, pi, 1, words);
     if (words) {
         pool_words_in_warp(s.compress, s.lane_loads, s.layout, s.d, s.v, s.lane, LoopLevel(s.out, pi),
