@@ -82,8 +82,11 @@ protected:
     bool words() { return values_per_item(slot_k.type()) > 1; }
 
     // The kernel's pool: what its schedule specializes on (s.conditions) and
-    // the compress stages (s.compress).
-    void define_compress(Stages &s) {
+    // the compress stages (s.compress). `clamp_pools`: the words kernels
+    // read pools past the batch as its last (a grid shared with another
+    // stage may have more blocks than the batch has pools; their writes are
+    // guarded, their reads must stay inside the inputs).
+    void define_compress(Stages &s, bool clamp_pools = false) {
         s.conditions = conditions();
         Var d = s.d, j = s.j, pool = s.pool;
         const BuildPlan plan = this->build_plan();
@@ -92,7 +95,7 @@ protected:
         s.layout = decided.layout;
         Func key{"key_f32"}, score{"score_f32"}, ape_f32{"ape_f32"};
         if (words()) {
-            define_lane_loads(s.lane_loads, s.layout, key, score, ape_f32, d, j, pool, s.lane);
+            define_lane_loads(s.lane_loads, s.layout, key, score, ape_f32, d, j, pool, s.lane, clamp_pools);
         } else {
             if (slot_k.type() != UInt(16)) {
                 throw CompileError("slot_k.type must be uint16 (bf16 bits), or uint32 or uint64 (words of bf16)");
@@ -133,7 +136,7 @@ protected:
     // (the runtime takes these kernels only for such data), so a schedule
     // may load 4 items of 32 bits at once.
     void define_lane_loads(CompressLaneLoads &l, const RowLayout &layout, Func &key, Func &score, Func &ape_f32,
-                           Var d, Var j, Var pool, Var lane) {
+                           Var d, Var j, Var pool, Var lane, bool clamp_pools) {
         const int V = layout.values_per_lane;
         if (layout.run != V || (values_per_item(slot_score.type()) == 1 && slot_score.type() != Float(32)) ||
             V % values_per_item(slot_k.type()) != 0 || V % values_per_item(slot_score.type()) != 0) {
@@ -145,9 +148,12 @@ protected:
         l.score_items = V / values_per_item(slot_score.type());
         l.ape_items = V;
         l.key = Func{"key_lane_words"};
-        l.key(item, j, lane, pool) = slot_k(lane * l.key_items + item, j, pool);
+        auto read_pool = [&](const GeneratorInput<Buffer<void, 3>> &in) -> Expr {
+            return clamp_pools ? min(pool, in.dim(2).max()) : Expr(pool);
+        };
+        l.key(item, j, lane, pool) = slot_k(lane * l.key_items + item, j, read_pool(slot_k));
         l.score = Func{"score_lane_items"};
-        l.score(item, j, lane, pool) = slot_score(lane * l.score_items + item, j, pool);
+        l.score(item, j, lane, pool) = slot_score(lane * l.score_items + item, j, read_pool(slot_score));
         l.ape = Func{"ape_lane_items"};
         l.ape(item, j, lane) = ape(lane * l.ape_items + item, j);
         Expr in_lane = d % V, of_lane = d / V;
@@ -209,7 +215,10 @@ public:
 
     void generate() {
         CompressAndSeedStages &s = stages;
-        define_compress(s);
+        // The seed's blocks of 32 G tokens outnumber the compress's blocks
+        // of G pools where the batch has few pools of many tokens (P = 64:
+        // 64 tokens, one pool, two blocks of a warp each).
+        define_compress(s, /*clamp_pools=*/true);
         Func every_pool{"every_pool"};
         every_pool(s.pool) = cast<uint8_t>(1);
         write_pools_to_cache(s, cache, BoundaryConditions::constant_exterior(loc, cast(loc.type(), -1)), every_pool);

@@ -18,6 +18,13 @@
 
 #include "kpool_sm90_compress_to_rows_p16_bf16.h"
 #include "kpool_sm90_compress_to_rows_p4_bf16.h"
+#include "kpool_sm90_compress_tokens_and_seed_words_p1.h"
+#include "kpool_sm90_compress_tokens_and_seed_words_p16.h"
+#include "kpool_sm90_compress_tokens_and_seed_words_p2.h"
+#include "kpool_sm90_compress_tokens_and_seed_words_p32.h"
+#include "kpool_sm90_compress_tokens_and_seed_words_p4.h"
+#include "kpool_sm90_compress_tokens_and_seed_words_p64.h"
+#include "kpool_sm90_compress_tokens_and_seed_words_p8.h"
 #include "kpool_sm90_decode_update_by_request_p16.h"
 #include "kpool_sm90_decode_update_by_request_p16_triton.h"
 #include "kpool_sm90_decode_update_by_request_p4.h"
@@ -143,6 +150,58 @@ TEST(CudaBounds, CompressReadsInsideItsInputsForAnyPoolCount) {
                 for (const QueryBuffer *in : {&slot_k, &score, &ape}) {
                     in->expect_inside(call);
                 }
+            }
+        }
+    }
+}
+
+// The prefill insert with its seed in one kernel (the compress's blocks of
+// G pools and the seed's of 32 G tokens fused into one grid): the token
+// rows and the overlapping pool views of them, at every pool size, for
+// batches of one pool up to many (a batch of few pools has more seed
+// blocks than compress blocks).
+TEST(CudaBounds, CompressTokensAndSeedReadsInsideItsInputsForAnyTokenCount) {
+    constexpr int32_t kHeadDim = 128, kWords = kHeadDim / 4, kPageTokens = 64, kPages = 4, kTailBlocks = 3;
+    // (user context, slot_k, slot_score, ape, round_scale, aligned_data, loc, key, gate_score, tslot,
+    // cache codes, cache scales, tail)
+    using CompressTokensAndSeed = int (*)(void const *, halide_buffer_t *, halide_buffer_t *, halide_buffer_t *, bool,
+                                          bool, halide_buffer_t *, halide_buffer_t *, halide_buffer_t *,
+                                          halide_buffer_t *, halide_buffer_t *, halide_buffer_t *, halide_buffer_t *);
+    const struct {
+        int pool_size;
+        CompressTokensAndSeed run;
+    } kernels[] = {{1, kpool_sm90_compress_tokens_and_seed_words_p1},   {2, kpool_sm90_compress_tokens_and_seed_words_p2},
+                   {4, kpool_sm90_compress_tokens_and_seed_words_p4},   {8, kpool_sm90_compress_tokens_and_seed_words_p8},
+                   {16, kpool_sm90_compress_tokens_and_seed_words_p16}, {32, kpool_sm90_compress_tokens_and_seed_words_p32},
+                   {64, kpool_sm90_compress_tokens_and_seed_words_p64}};
+    for (const auto &k : kernels) {
+        const int32_t P = k.pool_size;
+        for (int32_t extra : {0, 1, 2, 3, 31, 32, 33, 63, 64, 65, 100, 1000}) {
+            const int32_t tokens = P + extra, pools = tokens - P + 1;
+            const std::string call = "sm90 compress_tokens_and_seed_words P=" + std::to_string(P) + ", " +
+                                     std::to_string(tokens) + " tokens";
+            // The pool views: pool p is tokens p .. p + P - 1 (what the runtime
+            // passes: strides of one token row in both dimensions).
+            QueryBuffer slot_k("slot_k", halide_type_of<uint64_t>(), {kWords, P, pools});
+            QueryBuffer score("slot_score", halide_type_of<uint64_t>(), {kWords, P, pools});
+            for (QueryBuffer *view : {&slot_k, &score}) {
+                view->given[2].stride = kWords;
+                view->dims = view->given;
+            }
+            QueryBuffer ape("ape", halide_type_of<float>(), {kHeadDim, P});
+            QueryBuffer loc("loc", halide_type_of<int32_t>(), {pools});
+            QueryBuffer key("key", halide_type_of<uint16_t>(), {kHeadDim, tokens});
+            QueryBuffer gate("gate_score", halide_type_of<uint16_t>(), {kHeadDim, tokens});
+            QueryBuffer tslot("tslot", halide_type_of<int32_t>(), {tokens});
+            QueryBuffer codes("cache codes", halide_type_of<uint8_t>(), {kHeadDim, kPageTokens, kPages});
+            QueryBuffer scales("cache scales", halide_type_of<float>(), {kHeadDim, kPageTokens, kPages});
+            QueryBuffer tail("tail", halide_type_of<uint16_t>(), {kHeadDim, P, 2, kTailBlocks});
+            ASSERT_EQ(k.run(nullptr, &slot_k.raw, &score.raw, &ape.raw, true, true, &loc.raw, &key.raw, &gate.raw,
+                            &tslot.raw, &codes.raw, &scales.raw, &tail.raw),
+                      0)
+                << call;
+            for (const QueryBuffer *in : {&slot_k, &score, &ape, &loc, &key, &gate, &tslot}) {
+                in->expect_inside(call);
             }
         }
     }
