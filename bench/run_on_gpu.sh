@@ -6,7 +6,8 @@
 # exact arithmetic, compute-sanitizer (memcheck on the replay of the fuzz
 # corpus, racecheck and memcheck on the GPU tests, synccheck on the decode
 # tests), and (with
-# --profile) Nsight Compute on the large cases, and the schedule tuner when a
+# --profile) Nsight Compute on the large cases and per SASS instruction on two
+# small decode calls, and the schedule tuner when a
 # tuning bundle came along. Everything is built and packed here first (the
 # Triton reference is never part of the project: copy it into the ignored
 # .ref/ and carry it beside the build):
@@ -89,6 +90,18 @@ if [ "$profile" = yes ]; then
         decode:requests=64,next_n=1,pool=16 expand:rows=4096,pool=4
     grep -E '^  _kernel|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Local Memory Spilling Req' \
         "$out/ncu.txt" | head -80
+    # Small decode calls, ours and the reference's, caches warm as in a graph
+    # replay: executed instructions and stall samples per SASS instruction
+    # (CSV), where a call's fixed cost and a completion's chain go.
+    for who in kpool reference; do
+        for spec in 1x1_p4:requests=1,next_n=1,pool=4 1x4_p16:requests=1,next_n=4,pool=16; do
+            case=${spec#*:} name=ncu_sass_${who}_${spec%%:*}.csv
+            step "ncu per SASS instruction: $who decode $case" "$name" ncu --clock-control none --cache-control none \
+                --kernel-name 'regex:^(_kernel|_kpool)' --launch-skip 2 --launch-count 1 --section SourceCounters \
+                --section WarpStateStats --page source --print-source sass --csv \
+                python3 bench/profile_gpu.py $([ $who = reference ] && echo --reference) --calls 3 "decode:$case"
+        done
+    done
 fi
 step "bench (default arithmetic: the reference's)" bench.log \
     python3 bench/bench_gpu.py --min-runs 50 --out "$out/kpool_bench.json" "${bench_args[@]}"
@@ -132,7 +145,8 @@ fi
 # rows: minutes under the tools).
 sanitizer_cap=${KPOOL_SANITIZER_S:-100}
 # (A command, not a shell function: step runs it under timeout.)
-sanitizer=(timeout "$sanitizer_cap" compute-sanitizer --error-exitcode 1)
+# Line-buffered (stdbuf): a run that aborts still leaves its log up to there.
+sanitizer=(timeout "$sanitizer_cap" stdbuf -oL -eL compute-sanitizer --error-exitcode 1)
 step "compute-sanitizer memcheck (GPU fuzz corpus replay)" memcheck_fuzz_replay.log \
     env KPOOL_FUZZ_REPLAY_LIMIT="${KPOOL_FUZZ_REPLAY_LIMIT:-120}" "${sanitizer[@]}" --tool memcheck \
     build/tests/kpool_tests --gtest_filter='*GpuFuzzReplay*' --gtest_brief=1
