@@ -241,13 +241,18 @@ void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr 
 // over s.stash = (d, token, request, half), named and ordered as the
 // completions' RDom `write` (then half), so a schedule can fuse the loops
 // over requests. A token that a later one of its request overwrites stashes
-// nothing (s.overwritten); out-of-range tail blocks write nothing.
+// nothing (s.overwritten), unless `tokens_in_order`: a schedule that stores
+// each element of a request's rows from one thread, its tokens in order
+// (the warp per request), lets the later store land last, as the
+// reference's does, and needs no token to look at the later ones (s.overwritten
+// then stays undefined). Out-of-range tail blocks write nothing.
 // key and slot_score are (d, token, request) of next_n x requests tokens,
 // tail_slot_mapping and positions (token, request).
 // The ring divides by shifts where `shifts` (which implies a power-of-two
 // ring: the condition the kernel is specialized on).
 void define_stashes(DecodeStashStages &s, Func tail, Func tail_slot_mapping, Func key, Func slot_score,
-                    Func positions, Expr next_n, Expr requests, Expr shifts, bool requests_in_blocks = true) {
+                    Func positions, Expr next_n, Expr requests, Expr shifts, bool requests_in_blocks = true,
+                    bool tokens_in_order = false) {
     Expr ring = tail.output_buffer().dim(1).extent();
     Divisor ring_math(ring, shifts);
     s.ring_is_pow2 = shifts;
@@ -258,10 +263,14 @@ void define_stashes(DecodeStashStages &s, Func tail, Func tail_slot_mapping, Fun
     Expr t = r.y, b = r.z, h = r[3];
     auto in_batch = [&](Func f) { return clamp_token_and_request(f, next_n, requests_in_blocks ? requests : Expr()); };
     Func positions_in = in_batch(positions), tail_slots_in = in_batch(tail_slot_mapping);
-    define_overwritten(s.overwritten, positions_in, tail_slots_in, next_n, ring_math);
     DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
     Expr blocks = tail.output_buffer().dim(3).extent();
-    r.where(tok.stashes && tok.block < blocks && !s.overwritten(t, b));
+    if (tokens_in_order) {
+        r.where(tok.stashes && tok.block < blocks);
+    } else {
+        define_overwritten(s.overwritten, positions_in, tail_slots_in, next_n, ring_math);
+        r.where(tok.stashes && tok.block < blocks && !s.overwritten(t, b));
+    }
     TailSlot at = clamp_tail_slot(tok.block, tok.ring_pos, ring, blocks);
     Var t_var{"t"}, b_var{"b"};
     s.stash_row(d, half, t_var, b_var) =
@@ -341,7 +350,8 @@ public:
         stash_positions(t, b) = stages.token_indices(t, b)[0];
         stash_tail_slots(t, b) = stages.token_indices(t, b)[1];
         define_stashes(stages.stashes, tail_out, stash_tail_slots, tokens.key, tokens.slot_score, stash_positions,
-                       tokens.next_n, tokens.requests, stages.write.pow2_ring_and_page, requests_in_blocks);
+                       tokens.next_n, tokens.requests, stages.write.pow2_ring_and_page, requests_in_blocks,
+                       /*tokens_in_order=*/layout == DecodeLayout::WarpPerRequest);
         in.constrain_tokens(aligned_rows);
         if (aligned_rows) {
             // Rows of 4 bf16 words: (d, ring_pos, half, block).

@@ -193,8 +193,9 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
 //   stashes, decode_request_token_chunk tokens at a time. Completions are
 //   rare (one token in P): with few tokens per request, a block per request
 //   leaves most of its warps idle.
-// Each stash lane moves 4 bf16 of both halves; a token that a later one
-// overwrites stashes nothing (the algorithm), so stashes need no order. The
+// Each stash lane moves 4 bf16 of both halves; in the warp per token a token
+// that a later one overwrites stashes nothing (the algorithm), so stashes
+// need no order; the warp per request stores its tokens in order. The
 // completions read the ring as it was before the call (the algorithm's
 // ring_writer), so within a request nothing a stash writes is read after
 // it. Fused at the block loop (compute_with, both RDoms named alike).
@@ -227,8 +228,10 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     if (per_request) {
         // A chunk of tokens at a time: their stash rows (both halves) all
         // loaded before the chunk's first store (a store may alias a later
-        // load, so loads after it wait for it), then each token's walk over
-        // the later ones (in the shared index table) while they arrive.
+        // load, so loads after it wait for it). Each lane stores its elements
+        // of the request's tokens in order, so a later token's stash into the
+        // same slot lands last: no token walks the later ones (the generator
+        // defines this layout's stash without `overwritten`).
         stashes
             .split(st.stash.y, stash_chunk, stash_token, plan.decode_request_token_chunk, TailStrategy::GuardWithIf)
             .reorder(stash_v, st.stash[3], stash_token, stash_chunk, stash_lane, stash_request, request_block)
@@ -241,7 +244,6 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
             .vectorize(row[0])
             .unroll(row[1])
             .unroll(row[2]);
-        st.overwritten.compute_at(st.tail, stash_token);
     } else {
         stashes
             .split(st.stash.y, stash_chunk, stash_token, stash_tokens, TailStrategy::GuardWithIf)
