@@ -325,7 +325,9 @@ TEST_P(GpuDecodeByBlock, RaggedMatchesCpu) {
     ASSERT_NO_FATAL_FAILURE(check_block_kernels(P));
     const ScopedDecodeLayout layout(DecodeLayoutChoice::block_per_request);
     std::mt19937 rng(7600 + P * 31 + N);
-    const int64_t B = 40, ring = 2 * P, tail_blocks = 48, block_size = 64, num_blocks = 8;
+    // A cache slot for every token of the grid (no two completions race for one row).
+    const int64_t B = 40, ring = 2 * P, tail_blocks = 48, block_size = 64;
+    const int64_t num_blocks = std::max<int64_t>(8, (B * N) / block_size + 1);
     const RaggedBatch r = make_ragged_batch(rng, B, N, P, ring, tail_blocks, block_size * num_blocks, KPOOL_DTYPE_INT32, 3);
     const HostTensor cache0 = random_bytes_like(rng, make_kv_cache(num_blocks, block_size, true));
     HostTensor tail0 = make_tail_cache(tail_blocks, ring, true);

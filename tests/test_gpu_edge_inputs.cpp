@@ -2,6 +2,7 @@
 // write nothing), GpuBadIndex (out-of-range indices in device tensors write
 // nothing and are marked in exec->index_errors), GpuMixedDevices (tensors of
 // one call on two devices are rejected by name).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -228,7 +229,8 @@ TEST_P(GpuBadIndex, SeedTslotPastTheTailWritesNothing) {
 TEST_P(GpuBadIndex, DecodeSlotPastTheCacheAndTailPastTheRingWriteNothing) {
     const int P = GetParam();
     std::mt19937 rng(1500 + P);
-    const int64_t ring = P, B = 5, N = P + 1, tail_blocks = 7, block_size = 16, num_blocks = 8;
+    const int64_t ring = P, B = 5, N = P + 1, tail_blocks = 7, block_size = 16;
+    const int64_t num_blocks = std::max<int64_t>(8, (B * N) / block_size + 1);  // a slot for every token
     const int64_t slots = num_blocks * block_size, tail_end = tail_blocks * ring;
     const HostTensor cache0 = random_bytes_like(rng, make_kv_cache(num_blocks, block_size, true));
     HostTensor tail0 = make_tail_cache(tail_blocks, ring, true);

@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -171,8 +172,14 @@ inline void fill_normal(HostTensor &t, std::mt19937 &rng, float sigma = 1.0f) {
     }
 }
 
-// `count` distinct values of [0, range), in random order.
+// `count` distinct values of [0, range), in random order. More than the
+// range holds is the caller's mistake (resizing would repeat slot 0: two
+// pools racing for one cache row on a GPU).
 inline std::vector<int64_t> distinct_slots(std::mt19937 &rng, int64_t range, int64_t count) {
+    if (count > range) {
+        throw std::invalid_argument("distinct_slots: " + std::to_string(count) + " distinct values of a range of " +
+                                    std::to_string(range));
+    }
     std::vector<int64_t> all(range);
     std::iota(all.begin(), all.end(), 0);
     std::shuffle(all.begin(), all.end(), rng);

@@ -986,6 +986,23 @@ inline int32_t head_dim_value(Input &in) {
     return v[in.pick(5)];
 }
 
+// Whether an index lies past the slots (or blocks) of its cache as the call
+// passed it: `passed` counts them from that tensor's shape, a tampered one
+// included, where the harness's own plan may count more. A device call
+// skips such an entry, and the scalar reference, which writes wherever an
+// index says, must not see it. A count past int64 holds every index.
+inline bool past_passed(int64_t index, Checked passed) { return !passed.overflowed() && index >= passed.value(); }
+
+// A cache's slots as the call passed it (pages x block size).
+inline Checked passed_cache_slots(const Tensor &cache) { return Checked(cache.shape[0]) * cache.shape[1]; }
+
+// Whether tail slot `tslot` lies past the blocks of the tail ring as passed
+// (ring = its dim 2; a ring of none holds no slot).
+inline bool past_passed_tail(int64_t tslot, const Tensor &tail) {
+    const int64_t ring = tail.shape[2];
+    return tslot >= 0 && (ring <= 0 || past_passed(tslot / ring, tail.shape[0]));
+}
+
 // The byte offsets of cache slot `loc`'s 128 codes and 4-byte scale.
 struct CacheSlotBytes {
     int64_t codes, scale;

@@ -113,12 +113,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (valid) opts.check_marks(op, {{KPOOL_INDEX_LOC, out_of_range}});
 
     for (Tensor *t : {&slot_k, &slot_score, &ape, &loc, &mask}) check_bytes(*t, before.of(*t), op, "an input changed");
-    // A device call skips the locs outside the cache: the reference without them.
+    // A device call skips the locs outside the cache as passed (a tampered
+    // shape included): the reference without them.
     Tensor written_loc = loc;
-    if (on_device() && out_of_range) {
-        const int64_t cache_slots = cache.shape[0] * cache.shape[1];
+    if (on_device()) {
         for (int64_t i = 0; i < loc.shape[0]; i++) {
-            if (loc.get_int(i) >= cache_slots) written_loc.set_int(i, -1);
+            if (past_passed(loc.get_int(i), passed_cache_slots(cache))) written_loc.set_int(i, -1);
         }
     }
     {

@@ -150,7 +150,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     // The completing tokens and their pools' rows (what the call saw: the
     // tensors as passed, a tampered one included).
-    const int64_t count = key.shape[0], cache_slots = cache.shape[0] * cache.shape[1];
+    const int64_t count = key.shape[0];
     const int64_t r = seeding ? tail.shape[2] : 1, blocks = seeding ? tail.shape[0] : 0;
     auto block_of = [&](int64_t i) {
         const int64_t s = tsm_t.get_int(i);
@@ -159,7 +159,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     std::vector<std::pair<int64_t, int64_t>> completions;  // (token, slot)
     for (int64_t i = 0; i < count; i++) {
         const int64_t slot = sm_t.get_int(i);
-        if (slot < 0 || slot >= cache_slots) continue;  // (past the cache: a device skips it)
+        if (slot < 0 || past_passed(slot, passed_cache_slots(cache))) continue;  // (a device skips it)
         if (pos_t.absent) {
             if (i >= pool_size - 1) completions.push_back({i, slot});
         } else {

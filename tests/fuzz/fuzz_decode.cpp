@@ -130,19 +130,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_bytes(*t, before.of(*t), op, "an input changed");
     }
     const int64_t requests = key.shape[0], tokens = key.shape[1], r = tail.shape[2];
-    if (on_device() && out_of_range) {
+    bool past_as_passed = false;  // (a tampered cache or tail: what the device skips, beyond the plan's count)
+    for (int64_t i = 0; i < requests * tokens; i++) {
+        past_as_passed = past_as_passed || past_passed(sm_t.get_int(i), passed_cache_slots(cache)) ||
+                         past_passed_tail(tsm_t.get_int(i), tail);
+    }
+    if (on_device() && (out_of_range || past_as_passed)) {
         // The device skips the entries outside their caches: the cache rows
         // and ring slots the others aim at may change, no other byte.
-        const int64_t cache_slots = cache.shape[0] * cache.shape[1];
         Contested reached_cache, reached_tail;
         for (int64_t i = 0; i < requests * tokens; i++) {
             const int64_t p = pos_t.get_int(i), ts = tsm_t.get_int(i), l = sm_t.get_int(i);
-            if (p >= 0 && ts >= 0 && ts / r < tail.shape[0]) {
+            if (p >= 0 && ts >= 0 && !past_passed_tail(ts, tail)) {
                 for (int64_t half = 0; half < 2; half++) {
                     reached_tail.anything(tail, tail.byte_offset({ts / r, half, p % r, 0}), 2 * kD);
                 }
             }
-            if (l >= 0 && l < cache_slots) {
+            if (l >= 0 && !past_passed(l, passed_cache_slots(cache))) {
                 const CacheSlotBytes at = cache_slot_bytes(cache, l);
                 reached_cache.anything(cache, at.codes, kD);
                 reached_cache.anything(cache, at.scale, 4);

@@ -170,24 +170,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     // The bytes a token's indices aim at (its ring slot, and its cache slot
     // where it completes a pool), from the tensors as passed.
     const int64_t tokens = key.shape[0], requests = qsl_t.shape[0] - 1, r = tail.shape[2];
-    const int64_t cache_slots = cache.shape[0] * cache.shape[1];
     const int64_t members = pool_size;  // (a lambda may not capture a structured binding before C++20)
     struct Aimed {
         Contested cache, tail;
     };
     auto aim = [&](int64_t i, Aimed &at) {
         const int64_t p = pos_t.get_int(i), ts = tsm_t.get_int(i), l = sm_t.get_int(i);
-        if (p < 0 || ts < 0 || ts / r >= tail.shape[0]) return;
+        if (p < 0 || ts < 0 || past_passed_tail(ts, tail)) return;
         for (int64_t half = 0; half < 2; half++) {
             at.tail.anything(tail, tail.byte_offset({ts / r, half, p % r, 0}), 2 * kD);
         }
-        if (l >= 0 && l < cache_slots && p % members == members - 1) {
+        if (l >= 0 && !past_passed(l, passed_cache_slots(cache)) && p % members == members - 1) {
             const CacheSlotBytes slot = cache_slot_bytes(cache, l);
             at.cache.anything(cache, slot.codes, kD);
             at.cache.anything(cache, slot.scale, 4);
         }
     };
-    if (on_device() && (bad_offsets || out_of_range)) {
+    bool past_as_passed = false;  // (a tampered cache or tail: what the device skips, beyond the plan's count)
+    for (int64_t i = 0; i < tokens; i++) {
+        past_as_passed = past_as_passed || past_passed(sm_t.get_int(i), passed_cache_slots(cache)) ||
+                         past_passed_tail(tsm_t.get_int(i), tail);
+    }
+    if (on_device() && (bad_offsets || out_of_range || past_as_passed)) {
         Aimed reached;
         for (int64_t i = 0; i < tokens; i++) aim(i, reached);
         check_bytes_contested(cache, before.of(cache), reached.cache, op, "kv_cache with hostile offsets or indices");

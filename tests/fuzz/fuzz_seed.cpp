@@ -77,14 +77,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     for (Tensor *t : {&key, &gate, &tslot}) check_bytes(*t, before.of(*t), op, "an input changed");
     const int64_t count = tslot.shape[0], r = tail.shape[2];
-    if (on_device() && out_of_range) {
+    bool past_tail_as_passed = false;  // (a tampered tail: what the device skips, beyond the plan's count)
+    for (int64_t i = 0; i < count; i++) past_tail_as_passed = past_tail_as_passed || past_passed_tail(tslot.get_int(i), tail);
+    if (on_device() && (out_of_range || past_tail_as_passed)) {
         // The device skips the tslots outside the tail (and marks tslot):
         // the ring slots the others aim at may change, no other byte.
         if (valid) opts.check_marks(op, {{KPOOL_INDEX_TSLOT, true}});
         Contested reached;
         for (int64_t i = 0; i < count; i++) {
             const int64_t s = tslot.get_int(i);
-            if (s < 0 || s / r >= tail.shape[0]) continue;
+            if (s < 0 || past_passed_tail(s, tail)) continue;
             for (int64_t half = 0; half < 2; half++) reached.anything(tail, tail.byte_offset({s / r, half, s % r, 0}), 2 * kD);
         }
         check_bytes_contested(tail, before.of(tail), reached, op, "tail_kv_cache with out-of-range tslots");
