@@ -241,11 +241,10 @@ void define_overwritten(Func overwritten, Func positions, Func tail_slots, Expr 
 // over s.stash = (d, token, request, half), named and ordered as the
 // completions' RDom `write` (then half), so a schedule can fuse the loops
 // over requests. A token that a later one of its request overwrites stashes
-// nothing (s.overwritten), unless `tokens_in_order`: a schedule that stores
-// each element of a request's rows from one thread, its tokens in order
-// (the warp per request), lets the later store land last, as the
-// reference's does, and needs no token to look at the later ones (s.overwritten
-// then stays undefined). Out-of-range tail blocks write nothing.
+// nothing (s.overwritten), unless `tokens_in_order` (a schedule storing each
+// element of a request's rows from one thread, its tokens in order: the
+// later store lands last, as the reference's; s.overwritten stays
+// undefined). Out-of-range tail blocks write nothing.
 // key and slot_score are (d, token, request) of next_n x requests tokens,
 // tail_slot_mapping and positions (token, request).
 // The ring divides by shifts where `shifts` (which implies a power-of-two
