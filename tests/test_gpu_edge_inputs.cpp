@@ -212,12 +212,12 @@ TEST_P(GpuBadIndex, SeedTslotPastTheTailWritesNothing) {
                 const HostTensor &rows = half == 0 ? in.key : in.gate_score;
                 const int64_t at = tail.cpu().offset({slot / ring, half, slot % ring, 0}) * 2;
                 for (int d = 0; d < kD; ++d) {
-                    bool a_writers = false;
+                    bool from_a_writer = false;
                     for (int64_t t : tokens) {
-                        a_writers |= std::memcmp(got.data() + at + 2 * d, rows.bytes().data() + rows.offset({t, d}) * 2,
-                                                 2) == 0;
+                        from_a_writer |= std::memcmp(got.data() + at + 2 * d,
+                                                     rows.bytes().data() + rows.offset({t, d}) * 2, 2) == 0;
                     }
-                    EXPECT_TRUE(a_writers) << "tail slot " << slot << " half " << half << " element " << d;
+                    EXPECT_TRUE(from_a_writer) << "tail slot " << slot << " half " << half << " element " << d;
                 }
                 std::copy_n(got.begin() + at, 2 * kD, expected.begin() + at);
             }

@@ -78,7 +78,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (Tensor *t : {&key, &gate, &tslot}) check_bytes(*t, before.of(*t), op, "an input changed");
     const int64_t count = tslot.shape[0], r = tail.shape[2];
     bool past_tail_as_passed = false;  // (a tampered tail: what the device skips, beyond the plan's count)
-    for (int64_t i = 0; i < count; i++) past_tail_as_passed = past_tail_as_passed || past_passed_tail(tslot.get_int(i), tail);
+    for (int64_t i = 0; i < count; i++) {
+        past_tail_as_passed = past_tail_as_passed || past_passed_tail(tslot.get_int(i), tail);
+    }
     if (on_device() && (out_of_range || past_tail_as_passed)) {
         // The device skips the tslots outside the tail (and marks tslot):
         // the ring slots the others aim at may change, no other byte.
