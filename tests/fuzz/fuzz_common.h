@@ -531,10 +531,28 @@ inline void fill_values(Input &in, Tensor &t, float sigma, bool specials) {
     }
 }
 
+// Whether an index lies past the slots (or blocks) of its cache as the call
+// passed it: `passed` counts them from that tensor's shape, a tampered one
+// included, where the harness's own plan may count more. A device call
+// skips such an entry, and the scalar reference, which writes wherever an
+// index says, must not see it. A count past int64 holds every index.
+inline bool past_passed(int64_t index, Checked passed) { return !passed.overflowed() && index >= passed.value(); }
+
+// A cache's slots as the call passed it (pages x block size).
+inline Checked passed_cache_slots(const Tensor &cache) { return Checked(cache.shape[0]) * cache.shape[1]; }
+
+// Whether tail slot `tslot` lies past the blocks of the tail ring as passed
+// (ring = its dim 2; a ring of none holds no slot).
+inline bool past_passed_tail(int64_t tslot, const Tensor &tail) {
+    const int64_t ring = tail.shape[2];
+    return tslot >= 0 && (ring <= 0 || past_passed(tslot / ring, tail.shape[0]));
+}
+
 // What a decode call's harness must expect from its indices and layouts:
 // slot_mapping entries past the cache's slots, tail slots past the ring's
-// blocks (a host call rejects both, a device skips and marks them), and a
-// page stride not a multiple of 4 or overlapping tail blocks (rejected).
+// blocks (a host call rejects both, a device skips and marks them), as
+// planned or as the call passed the caches (a tampered shape), and a page
+// stride not a multiple of 4 or overlapping tail blocks (rejected).
 struct DecodeFaults {
     bool bad_slot = false, bad_tail_slot = false, bad_layout = false;
     bool out_of_range() const { return bad_slot || bad_tail_slot; }
@@ -543,8 +561,12 @@ inline DecodeFaults decode_faults(const std::vector<int64_t> &slot_mapping, cons
                                   int64_t cache_slots, int64_t ring, int64_t tail_blocks, const Tensor &cache,
                                   const Tensor &tail) {
     DecodeFaults f;
-    for (int64_t s : slot_mapping) f.bad_slot = f.bad_slot || s >= cache_slots;
-    for (int64_t t : tail_slots) f.bad_tail_slot = f.bad_tail_slot || (t >= 0 && t / ring >= tail_blocks);
+    for (int64_t s : slot_mapping) {
+        f.bad_slot = f.bad_slot || s >= cache_slots || past_passed(s, passed_cache_slots(cache));
+    }
+    for (int64_t t : tail_slots) {
+        f.bad_tail_slot = f.bad_tail_slot || (t >= 0 && t / ring >= tail_blocks) || past_passed_tail(t, tail);
+    }
     f.bad_layout = (cache.shape[0] > 1 && cache.strides[0] % 4 != 0) || tail_blocks_overlap(tail.shape[0], tail, ring);
     return f;
 }
@@ -984,23 +1006,6 @@ inline int32_t head_dim_value(Input &in) {
     if (!in.chance(8)) return kD;
     const int32_t v[] = {64, 129, 0, -128, 256};
     return v[in.pick(5)];
-}
-
-// Whether an index lies past the slots (or blocks) of its cache as the call
-// passed it: `passed` counts them from that tensor's shape, a tampered one
-// included, where the harness's own plan may count more. A device call
-// skips such an entry, and the scalar reference, which writes wherever an
-// index says, must not see it. A count past int64 holds every index.
-inline bool past_passed(int64_t index, Checked passed) { return !passed.overflowed() && index >= passed.value(); }
-
-// A cache's slots as the call passed it (pages x block size).
-inline Checked passed_cache_slots(const Tensor &cache) { return Checked(cache.shape[0]) * cache.shape[1]; }
-
-// Whether tail slot `tslot` lies past the blocks of the tail ring as passed
-// (ring = its dim 2; a ring of none holds no slot).
-inline bool past_passed_tail(int64_t tslot, const Tensor &tail) {
-    const int64_t ring = tail.shape[2];
-    return tslot >= 0 && (ring <= 0 || past_passed(tslot / ring, tail.shape[0]));
 }
 
 // The byte offsets of cache slot `loc`'s 128 codes and 4-byte scale.
