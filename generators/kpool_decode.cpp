@@ -1,16 +1,17 @@
 // kpool_decode_update_and_maybe_write_cache_batched. On CUDA one kernel,
-// kpool_decode_update (a block of requests, one or a warp each: their
-// completions, one barrier, then their stashes; schedules/cuda/decode.cpp); on the
-// CPU, and on CUDA for a K cache launched in windows of pages, two, which
-// the runtime runs in order (the first once per window):
+// kpool_decode_update (schedules/cuda/decode.cpp); on the CPU, and on CUDA
+// for a K cache launched in windows of pages, two, which the runtime runs
+// in order (the first once per window):
 //   kpool_decode_write_cache: every completing token's pool, compressed and
 //     written at slot_mapping. A pool member stashed earlier in the same call
 //     comes from that token's inputs, otherwise from the ring as it was
 //     before the call: the same bytes the reference's sequential loop reads.
 //   kpool_decode_stash_tail: every token stashed into its ring slot, in
 //     token order per request (the last stash of a slot wins).
-// Both definitions are free of token order, so any schedule that runs a
-// request's completions before its stashes gives the reference's bytes.
+// Both definitions are free of token order: any schedule that runs a
+// request's completions before its stashes gives the reference's bytes. The
+// one kernel's warp per request is defined in token order instead
+// (ring_in_order, tokens_in_order), which its schedule keeps.
 #include "kpool_stages.h"
 
 namespace kpool {
@@ -120,10 +121,15 @@ DecodeTokens batched_tokens(DecodeWriteArguments &in) {
 // vector_rows: the kernel reads a lane's run of a row as one vector (its
 // rows aligned), so a member chosen by a branch is one load.
 // row_over_warps: a row over a block's warps (DecodeLayout::BlockPerRequest).
+// ring_in_order: the schedule runs a request's tokens in order, each
+// element's ring loads and stores on one thread, so the ring holds each
+// earlier stash of the call: a member is the token's own input or the
+// ring's, no walk over earlier tokens (s.ring_writer stays undefined).
 template <typename Args>
 void define_completions(DecodeWriteStages &s, Args &in, const DecodeTokens &tokens,
                         GeneratorOutput<Func> &cache, int P, const BuildPlan &plan, Arithmetic arithmetic,
-                        bool requests_in_blocks = true, bool vector_rows = false, bool row_over_warps = false) {
+                        bool requests_in_blocks = true, bool vector_rows = false, bool row_over_warps = false,
+                        bool ring_in_order = false) {
     Expr ring = in.tail.dim(1).extent();
     // Ring and cache page both powers of two (the engines' case): every
     // division of the kernel by shifts, in the kernel a schedule specializes
@@ -147,32 +153,33 @@ void define_completions(DecodeWriteStages &s, Args &in, const DecodeTokens &toke
     DecodeToken tok = decode_token(positions_in, tail_slots_in, t, b, ring_math);
     Expr pool_start = clamp(tok.ring_pos - (P - 1), 0, ring - P);
     Expr member_ring_pos = pool_start + s.j;
-
-    // The latest earlier token of this request that stashed into the
-    // same ring slot of the same block, or -1: what the ring holds now.
-    // A walk over the earlier tokens in order, the last match kept.
-    RDom &earlier = s.earlier;
-    earlier = RDom(0, next_n, "earlier");
-    earlier.where(earlier < t);
-    DecodeToken e = decode_token(positions_in, tail_slots_in, earlier, b, ring_math);
-    Expr same_slot = e.stashes && e.block == tok.block && e.ring_pos == member_ring_pos;
-    s.ring_writer(s.j, t, b) = -1;
-    s.ring_writer(s.j, t, b) = select(same_slot, earlier, s.ring_writer(s.j, t, b));
-
     Expr member_block = clamp(tok.block, 0, in.tail.dim(3).extent() - 1);
-    Expr writer = s.ring_writer(s.j, t, b);
-    Expr stashed = writer >= 0;
-    Expr from = clamp(writer, 0, next_n - 1);
     Expr current = s.j == P - 1;
+    // Whether a member comes from this call's inputs, and from which token's.
+    Expr from_inputs = current, own_token = t;
+    if (!ring_in_order) {
+        // The latest earlier token of this request that stashed into the
+        // same ring slot of the same block, or -1: what the ring holds now.
+        // A walk over the earlier tokens in order, the last match kept.
+        RDom &earlier = s.earlier;
+        earlier = RDom(0, next_n, "earlier");
+        earlier.where(earlier < t);
+        DecodeToken e = decode_token(positions_in, tail_slots_in, earlier, b, ring_math);
+        Expr same_slot = e.stashes && e.block == tok.block && e.ring_pos == member_ring_pos;
+        s.ring_writer(s.j, t, b) = -1;
+        s.ring_writer(s.j, t, b) = select(same_slot, earlier, s.ring_writer(s.j, t, b));
+        Expr writer = s.ring_writer(s.j, t, b);
+        from_inputs = current || writer >= 0;
+        own_token = select(current, t, clamp(writer, 0, next_n - 1));
+    }
     const Arithmetic arith = arithmetic_for(arithmetic, plan.target);
     const ScheduleDecisions decided = schedule_decisions(plan, {KernelAsked::Kind::Decode, arith, vector_rows, row_over_warps});
     // A member is this call's input of its token (the current one, or the
     // earlier one that stashed it) or else the ring's: where the family
     // branches (ScheduleDecisions), one load of the one source.
     auto member = [&](Func input, int half) {
-        Expr own = input(s.d, select(current, t, from), b);
+        Expr own = input(s.d, own_token, b);
         Expr ring_member = in.tail(s.d, member_ring_pos, half, member_block);
-        Expr from_inputs = current || stashed;
         return decided.member_branches
                    ? Internal::Call::make(own.type(), Internal::Call::if_then_else, {from_inputs, own, ring_member},
                                           Internal::Call::PureIntrinsic)
@@ -335,22 +342,15 @@ public:
     void generate() {
         const DecodeTokens tokens = in.tokens();
         // A warp per token and a block per request run a block per request:
-        // their request loop is the grid, never rounded up.
-        const bool requests_in_blocks = layout == DecodeLayout::WarpPerRequest;
+        // their request loop is the grid, never rounded up. A warp per
+        // request walks its tokens in order (ring_in_order, tokens_in_order).
+        const bool per_request = layout == DecodeLayout::WarpPerRequest;
         define_completions(stages.write, in, tokens, cache, pool_size, this->build_plan(), arithmetic,
-                           requests_in_blocks, aligned_rows, layout == DecodeLayout::BlockPerRequest);
-        // The stashes read a request's per-token indices through one table
-        // (a schedule may load it once per call: all three indices, the
-        // completions reading the same words).
-        Var t{"t"}, b{"b"};
-        stages.token_indices(t, b) =
-            Tuple(tokens.positions(t, b), tokens.tail_slot_mapping(t, b), tokens.slot_mapping(t, b));
-        Func stash_positions{"stash_positions"}, stash_tail_slots{"stash_tail_slots"};
-        stash_positions(t, b) = stages.token_indices(t, b)[0];
-        stash_tail_slots(t, b) = stages.token_indices(t, b)[1];
-        define_stashes(stages.stashes, tail_out, stash_tail_slots, tokens.key, tokens.slot_score, stash_positions,
-                       tokens.next_n, tokens.requests, stages.write.pow2_ring_and_page, requests_in_blocks,
-                       /*tokens_in_order=*/layout == DecodeLayout::WarpPerRequest);
+                           /*requests_in_blocks=*/per_request, aligned_rows,
+                           layout == DecodeLayout::BlockPerRequest, /*ring_in_order=*/per_request);
+        define_stashes(stages.stashes, tail_out, tokens.tail_slot_mapping, tokens.key, tokens.slot_score,
+                       tokens.positions, tokens.next_n, tokens.requests, stages.write.pow2_ring_and_page,
+                       /*requests_in_blocks=*/per_request, /*tokens_in_order=*/per_request);
         in.constrain_tokens(aligned_rows);
         if (aligned_rows) {
             // Rows of 4 bf16 words: (d, ring_pos, half, block).

@@ -248,10 +248,6 @@ struct DecodeUpdateStages {
     bool aligned_rows = false;  // a lane's bf16 and code runs are aligned words (vector loads and stores)
     DecodeWriteStages write;
     DecodeStashStages stashes;
-    // (token, request): Tuple(position, tail slot, cache slot), int32: the
-    // indices the stashes read (positions and tail slots) and the rest of
-    // a token's, for a schedule that loads them all at once.
-    Func token_indices{"token_indices"};
 };
 
 // The expand family: one int32 output over (col, row).

@@ -162,16 +162,22 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &plan) {
     RVar request = w.write.z;
     Stage completions = w.cache.update(0);
     completions.allow_race_conditions().parallel(request).vectorize(w.write.x, lanes);
-    w.ring_writer.compute_at(w.cache, w.write.y);
     compute_pool_at(w.compress, w.d, w.j, w.lane, LoopLevel(w.cache, w.write.y), lanes);
     DecodeStashStages &st = s.stashes;
+    // A warp per request's algorithm reads the ring as its earlier tokens
+    // stashed it (ring_in_order): each token's stash right after its
+    // completion, as the GPU's warp runs them.
+    const bool in_order = s.layout == DecodeLayout::WarpPerRequest;
     st.tail.update(0)
         .allow_race_conditions()
         .reorder(st.stash.x, st.stash[3], st.stash.y, st.stash.z)
         .parallel(st.stash.z)
         .vectorize(st.stash.x, plan.target.natural_vector_size<uint16_t>())
-        .compute_with(completions, request);
-    st.overwritten.compute_at(st.tail, st.stash.y);
+        .compute_with(completions, in_order ? RVar(w.write.y) : request);
+    if (!in_order) {
+        w.ring_writer.compute_at(w.cache, w.write.y);
+        st.overwritten.compute_at(st.tail, st.stash.y);
+    }
 #else
     throw CompileError("the CPU runs decode as its two kernels: the one-kernel decode on the CPU is the tests' "
                        "(kpool_test_generators)");

@@ -5,7 +5,9 @@
 // run, by shifts where ring and page are powers of two) and checked byte for byte
 // against the CPU's two kernels through the C API, past next_n = P and at
 // RING = P, 2P, 3P; _as_sm90_block: the block-per-request layout's rows (a
-// dim a thread of four warps, each warp's absmax before the block's). A
+// dim a thread of four warps, each warp's absmax before the block's);
+// _as_sm90_request: the warp per request's, which reads the ring as its
+// earlier tokens stashed it, each token's stash right after its completion. A
 // schedule cannot change what an algorithm computes:
 // this holds the algorithm every GPU family runs to the contract here, where
 // CI runs; its CUDA schedule is checked on the GPU (GpuDecode).
@@ -22,6 +24,8 @@
 #include "kpool_cpu_decode_update_as_sm90_p4.h"
 #include "kpool_cpu_decode_update_as_sm90_block_p16.h"
 #include "kpool_cpu_decode_update_as_sm90_block_p4.h"
+#include "kpool_cpu_decode_update_as_sm90_request_p16.h"
+#include "kpool_cpu_decode_update_as_sm90_request_p4.h"
 #include "kpool_cpu_decode_update_p16.h"
 #include "kpool_cpu_decode_update_p4.h"
 #include "test_inputs.h"
@@ -75,6 +79,9 @@ DecodeUpdateKernel decode_update_kernel(const std::string &layout_of, int P) {
     if (layout_of == "sm90_block") {
         return P == 4 ? kpool_cpu_decode_update_as_sm90_block_p4 : kpool_cpu_decode_update_as_sm90_block_p16;
     }
+    if (layout_of == "sm90_request") {
+        return P == 4 ? kpool_cpu_decode_update_as_sm90_request_p4 : kpool_cpu_decode_update_as_sm90_request_p16;
+    }
     return P == 4 ? kpool_cpu_decode_update_p4 : kpool_cpu_decode_update_p16;
 }
 
@@ -125,7 +132,7 @@ TEST_P(DecodeUpdateOnCpu, MatchesTheTwoKernels) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, DecodeUpdateOnCpu,
-                         Combine(Values("cpu", "sm80", "sm90", "sm90_block"), Values(4, 16), Values(1, 2, 3),
+                         Combine(Values("cpu", "sm80", "sm90", "sm90_block", "sm90_request"), Values(4, 16), Values(1, 2, 3),
                                  Values(1, 2, 3, 4, 5, 6, 7, 8, 20)),
                          [](const auto &info) {
                              return std::get<0>(info.param) + "_P" + std::to_string(std::get<1>(info.param)) +

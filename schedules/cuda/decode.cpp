@@ -7,6 +7,7 @@
 #include "cuda.h"
 #include "decode_block.h"
 #include "plan.h"
+#include "unconditional_producers.h"
 #include "warp_helpers.h"
 
 #include <algorithm>
@@ -78,17 +79,20 @@ void pool_per_element(DecodeWriteStages &s, const CudaPlan &plan, const RVar &to
 // decode call is latency-bound: every member's loads in flight at once).
 void pool_in_lanes(DecodeWriteStages &s, const CudaPlan &plan, const RVar &token, bool vector_values,
                    int block_threads) {
-    compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane), block_threads);
+    if (s.ring_writer.defined()) {
+        compute_ring_walk_at(s, LoopLevel(s.compress.pooled_bf16, s.lane), block_threads);
+    }
     SoftmaxPool &p = s.compress.pool;
     const bool triton = p.arithmetic == Arithmetic::Triton;
-    const int group = !vector_values ? plan.decode_token_unrolled_slots
-                      : triton       ? plan.decode_lane_unrolled_slots
-                                     : plan.decode_lane_unrolled_exact_slots;
-    const bool unroll_slots = pool_size_of(s.compress.pool) <= group;
+    const int unrolled = !vector_values ? plan.decode_token_unrolled_slots
+                         : triton       ? plan.decode_lane_unrolled_slots
+                                        : plan.decode_lane_unrolled_exact_slots;
+    const int group = vector_values && triton ? plan.decode_lane_slot_group : unrolled;
+    const bool unroll_slots = pool_size_of(s.compress.pool) <= unrolled;
     compute_pool_in_warp(s.compress, s.layout, s.d, s.v, s.lane, LoopLevel(s.cache, token), unroll_slots,
                          vector_values);
     if (!vector_values) {
-        return;  // element by element (any strides): past `group`, slot loops
+        return;  // element by element (any strides): past `unrolled`, slot loops
     }
     if (unroll_slots && triton) {
         // Every member's loads first, all in flight at once: each slot's
@@ -186,19 +190,22 @@ void schedule_decode_write(DecodeWriteStages &s, const BuildPlan &build) {
 //   passes one (the iteration's last), and with
 //   decode_drop_private_barriers drops those between stages in their
 //   threads' own memory (the budgets' `loop_barriers` hold the counts).
+//   Each stash lane moves 4 bf16 of both halves; a token that a later one
+//   overwrites stashes nothing (the algorithm), so stashes need no order.
+//   The completions read the ring as it was before the call (the
+//   algorithm's ring_writer), so nothing a stash writes is read after it.
+//   Fused at the block loop (compute_with, both RDoms named alike).
 // - WarpPerRequest: decode_requests_per_block requests per block, a warp
-//   each: first every token's indices into shared memory (a lane per token,
-//   one round of loads, then a barrier), then the warp walks its tokens in
-//   a loop (completions pooled in the lanes), then, after the barrier, its
-//   stashes, decode_request_token_chunk tokens at a time. Completions are
-//   rare (one token in P): with few tokens per request, a block per request
-//   leaves most of its warps idle.
-// Each stash lane moves 4 bf16 of both halves; in the warp per token a token
-// that a later one overwrites stashes nothing (the algorithm), so stashes
-// need no order; the warp per request stores its tokens in order. The
-// completions read the ring as it was before the call (the algorithm's
-// ring_writer), so within a request nothing a stash writes is read after
-// it. Fused at the block loop (compute_with, both RDoms named alike).
+//   each, walking its tokens in order as the reference does (no barrier, no
+//   shared memory): per token its indices and stash row, its stash, then
+//   its completion, if any, pooled in the lanes. The two are fused at the
+//   token (compute_with, the stash first: it writes the one ring slot its
+//   token's completion takes from the token's own input), each lane storing
+//   and loading the same 4 elements of every row, so a completion reads the
+//   ring as the call's earlier tokens stashed it (the generator's
+//   ring_in_order: no walk over earlier tokens, a member is the ring's or
+//   the token's own). Completions are rare (one token in P): with few tokens
+//   per request, a block per request leaves most of its warps idle.
 // Specialized on a power-of-two ring and cache page (one kernel each way,
 // the runtime's launch picks): shifts and masks, no integer division.
 // The figures behind these choices: docs/measured/cuda_schedules.md.
@@ -219,31 +226,32 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
     // A block per request stashes a token a warp (the completions' threads).
     const int stash_tokens = per_block ? kBlockWarps : plan.decode_tokens_per_block;
     RVar stash_lane{"stash_lane"}, stash_v{"stash_v"}, stash_chunk{"stash_chunk"}, stash_token{"stash_token"};
-    RVar stash_request{"stash_request"};
+    // (Fused at the token, a warp per request's loops outside it are named as the completions'.)
+    RVar stash_request{per_request ? "request" : "stash_request"};
     pure_stage_on_gpu(st.tail);
     Stage stashes = st.tail.update(0);
     stashes.allow_race_conditions()
         .split(st.stash.x, stash_lane, stash_v, kValuesPerLane)
         .split(st.stash.z, request_block, stash_request, requests, TailStrategy::GuardWithIf);
     if (per_request) {
-        // A chunk of tokens at a time: their stash rows (both halves) all
-        // loaded before the chunk's first store (a store may alias a later
-        // load, so loads after it wait for it). Each lane stores its elements
-        // of the request's tokens in order, so a later token's stash into the
-        // same slot lands last: no token walks the later ones (the generator
-        // defines this layout's stash without `overwritten`).
-        stashes
-            .split(st.stash.y, stash_chunk, stash_token, plan.decode_request_token_chunk, TailStrategy::GuardWithIf)
-            .reorder(stash_v, st.stash[3], stash_token, stash_chunk, stash_lane, stash_request, request_block)
-            .gpu_threads(stash_lane, stash_request)
-            .unroll(stash_token)
-            .partition(stash_chunk, Partition::Never);
+        // The warp's loop over its tokens, in order, each lane storing the
+        // 4 elements of both halves its completions load: a later token's
+        // stash into the same slot lands last (the stash is defined without
+        // `overwritten`), and the completions (fused below) read what the
+        // earlier ones stashed. The row in registers, loaded ahead of the
+        // stash's condition (UnconditionalProducers, below): a token's
+        // indices and row in one round of loads.
+        stashes.reorder(stash_v, st.stash[3], stash_lane, st.stash.y, stash_request, request_block)
+            .gpu_threads(stash_request)
+            .gpu_lanes(stash_lane);
         const std::vector<Var> row = st.stash_row.args();  // (d, half, token, request)
-        st.stash_row.compute_at(st.tail, stash_chunk)
+        Var row_lane{"stash_row_lane"}, row_v{"stash_row_v"};
+        st.stash_row.compute_at(st.tail, st.stash.y)
             .store_in(MemoryType::Register)
-            .vectorize(row[0])
-            .unroll(row[1])
-            .unroll(row[2]);
+            .split(row[0], row_lane, row_v, kValuesPerLane)
+            .gpu_lanes(row_lane)
+            .vectorize(row_v)
+            .unroll(row[1]);
     } else {
         stashes
             .split(st.stash.y, stash_chunk, stash_token, stash_tokens, TailStrategy::GuardWithIf)
@@ -251,32 +259,25 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
             .gpu_threads(stash_lane, stash_token);
         st.overwritten.compute_at(st.tail, stash_lane);  // each thread its token's
     }
-    stashes.gpu_blocks(request_block)
-        .unroll(st.stash[3])
-        .vectorize(stash_v)
-        .compute_with(completions, request_block);
+    stashes.gpu_blocks(request_block).unroll(st.stash[3]).vectorize(stash_v);
     if (per_request) {
-        // Before the completions, every token's indices (a lane per token,
-        // 32 at a time) into shared memory, all in flight at once: the
-        // stashes read them there, and the completions' own reads of the
-        // same words (which decide whether a token completes) then hit L1,
-        // so no token waits on a global load to learn that it completes
-        // nothing. (The completions do not read the table itself: Halide's
-        // skipping of a pool whose token completes nothing then stops.)
-        const Var t = s.token_indices.args()[0], b = s.token_indices.args()[1];
-        Var chunk{"index_chunk"}, lane{"index_lane"};
-        s.token_indices.compute_at(w.cache, request_block)
-            .store_in(MemoryType::GPUShared)
-            .split(t, chunk, lane, kWarpSize, TailStrategy::GuardWithIf)
-            .reorder(lane, b, chunk)
-            .gpu_threads(lane, b)
-            .partition(chunk, Partition::Never);
+        // Each token's completion after its stash, in the same iteration
+        // (the stash, the parent, carries the specialization below: Halide
+        // 21 fails to lower a fused child's specializations).
+        completions.compute_with(stashes, st.stash.y);
+    } else {
+        stashes.compute_with(completions, request_block);
     }
-    completions.specialize(w.pow2_ring_and_page);
+    (per_request ? stashes : completions).specialize(w.pow2_ring_and_page);
     // A token's stages run under their shared skip condition, barriers
     // included, and no barrier between stages that share no memory across
     // threads (schedules/block_barriers.h): Halide puts one between every two.
     add_block_uniform_barriers(w, plan);
+    if (per_request) {
+        // The row's loads are in bounds for every token (the generator
+        // clamps a token past next_n, a request past the call's).
+        w.pipeline.add_custom_lowering_pass(new UnconditionalProducers({st.stash_row.name()}));
+    }
 }
 
 // Every token of a request's block of tokens is a warp, each lane moving 4

@@ -70,16 +70,15 @@ struct CudaPlan : KnobReader {
     int decode_block_unrolled_slots = knob("decode.block_unrolled_slots");
     // A decode block's requests: that knob's in the warp-per-request layout, one otherwise.
     int decode_block_requests(bool per_request) const { return per_request ? decode_requests_per_block : 1; }
-    // A warp per request stashes its tokens in chunks of this many: a
-    // chunk's stash rows (both halves) are loaded together, before its
-    // first store (one latency per chunk, not two per token).
-    int decode_request_token_chunk = knob("decode.request_token_chunk");
     // A completion pooled in its token's lanes (V elements per lane), in
     // the triton arithmetic, unrolls its slot folds up to this many slots;
-    // past it each fold runs in groups of this many slots, each group
-    // unrolled (all P x V members at once spill under the 128-register cap).
+    // past it each fold runs in groups of decode_lane_slot_group slots,
+    // each group unrolled (all P x V members at once spill under the
+    // 128-register cap).
     int decode_lane_unrolled_slots = knob("decode.lane_unrolled_slots");
-    // The same for the exact arithmetic, whose exps take more registers.
+    int decode_lane_slot_group = knob("decode.lane_slot_group");
+    // The same for the exact arithmetic (its groups of this many too),
+    // whose exps take more registers.
     int decode_lane_unrolled_exact_slots = knob("decode.lane_unrolled_exact_slots");
     // A warp per token (any strides, element by element) unrolls its slot
     // folds up to this many slots, past it loops over the slots.
