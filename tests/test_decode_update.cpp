@@ -6,8 +6,8 @@
 // against the CPU's two kernels through the C API, past next_n = P and at
 // RING = P, 2P, 3P; _as_sm90_block: the block-per-request layout's rows (a
 // dim a thread of four warps, each warp's absmax before the block's);
-// _as_sm90_request: the warp per request's, which reads the ring as its
-// earlier tokens stashed it, each token's stash right after its completion. A
+// _as_sm90_request: the warp per request's, which reads the ring as the
+// call's earlier tokens stashed it (a request's tokens in order). A
 // schedule cannot change what an algorithm computes:
 // this holds the algorithm every GPU family runs to the contract here, where
 // CI runs; its CUDA schedule is checked on the GPU (GpuDecode).
@@ -132,8 +132,8 @@ TEST_P(DecodeUpdateOnCpu, MatchesTheTwoKernels) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, DecodeUpdateOnCpu,
-                         Combine(Values("cpu", "sm80", "sm90", "sm90_block", "sm90_request"), Values(4, 16), Values(1, 2, 3),
-                                 Values(1, 2, 3, 4, 5, 6, 7, 8, 20)),
+                         Combine(Values("cpu", "sm80", "sm90", "sm90_block", "sm90_request"), Values(4, 16),
+                                 Values(1, 2, 3), Values(1, 2, 3, 4, 5, 6, 7, 8, 20)),
                          [](const auto &info) {
                              return std::get<0>(info.param) + "_P" + std::to_string(std::get<1>(info.param)) +
                                     "_ring" + std::to_string(std::get<2>(info.param)) + "P_n" +

@@ -29,7 +29,9 @@ struct DecodeLayoutRule {
 // (its pool an element per thread) nearly everywhere (P=16 64 x 1 5.68
 // against 11.98 us, 512 x 4 9.98 against 14.04), a warp per request only
 // where a lone request completes nothing (1 x 1: 1.87 against 2.34).
-// Other families are unmeasured and take sm90's rule.
+// Other families are unmeasured and take sm90's rule. These figures are
+// the warp per request before it ran the reference's token loop (issue 40:
+// its SASS per element halved); the rule waits for both layouts timed again.
 // The block per request is never taken: run at P = 16 in the reference
 // arithmetic on an H100 (graph replay; two runs of one day, the build with
 // it as the rule's choice at P >= 16 against the build before, the
