@@ -210,7 +210,9 @@ struct CompressAndSeedStages : CompressToCacheStages {
 struct DecodeWriteStages {
     Var d{"d"}, j{"j"}, token{"token"}, request{"request"}, v{"v"}, lane{"lane"};
     RowLayout layout;
-    Func ring_writer{"ring_writer"};  // (j, token, request): this call's token that last stashed member j's slot
+    // (j, token, request): this call's token that last stashed member j's
+    // slot (undefined where the completions are defined ring_in_order).
+    Func ring_writer{"ring_writer"};
     RDom earlier;                     // ring_writer's walk over the request's earlier tokens
     // Pool member j of token t's completion, bf16 bits (d, j, token, request):
     // this call's key and slot_score of a token or the ring's.

@@ -165,8 +165,9 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &plan) {
     compute_pool_at(w.compress, w.d, w.j, w.lane, LoopLevel(w.cache, w.write.y), lanes);
     DecodeStashStages &st = s.stashes;
     // A warp per request's algorithm reads the ring as its earlier tokens
-    // stashed it (ring_in_order): each token's stash right after its
-    // completion, as the GPU's warp runs them.
+    // stashed it (ring_in_order): each token's completion, then its stash,
+    // a token at a time (the GPU's warp stashes first: a token's completion
+    // takes its own slot from its input, so both orders read the same ring).
     const bool in_order = s.layout == DecodeLayout::WarpPerRequest;
     st.tail.update(0)
         .allow_race_conditions()
