@@ -260,23 +260,22 @@ void schedule_decode_update(DecodeUpdateStages &s, const BuildPlan &build) {
         st.overwritten.compute_at(st.tail, stash_lane);  // each thread its token's
     }
     stashes.gpu_blocks(request_block).unroll(st.stash[3]).vectorize(stash_v);
-    if (per_request) {
-        // Each token's completion after its stash, in the same iteration
-        // (the stash, the parent, carries the specialization below: Halide
-        // 21 fails to lower a fused child's specializations).
-        completions.compute_with(stashes, st.stash.y);
-    } else {
-        stashes.compute_with(completions, request_block);
-    }
-    (per_request ? stashes : completions).specialize(w.pow2_ring_and_page);
     // A token's stages run under their shared skip condition, barriers
     // included, and no barrier between stages that share no memory across
     // threads (schedules/block_barriers.h): Halide puts one between every two.
     add_block_uniform_barriers(w, plan);
     if (per_request) {
-        // The row's loads are in bounds for every token (the generator
-        // clamps a token past next_n, a request past the call's).
+        // Each token's completion after its stash, in the same iteration;
+        // the stash, the parent, carries the specialization (Halide 21
+        // fails to lower a fused child's specializations). The row's loads
+        // are in bounds for every token (the generator clamps a token past
+        // next_n, a request past the call's).
+        completions.compute_with(stashes, st.stash.y);
+        stashes.specialize(w.pow2_ring_and_page);
         w.pipeline.add_custom_lowering_pass(new UnconditionalProducers({st.stash_row.name()}));
+    } else {
+        stashes.compute_with(completions, request_block);
+        completions.specialize(w.pow2_ring_and_page);
     }
 }
 
